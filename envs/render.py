@@ -1,0 +1,117 @@
+"""Drawing maze frames, encoding them for chat messages, and recording episodes as GIFs.
+
+The renderer draws the static maze once per episode and afterwards only repaints the
+two cells an agent move touches, which keeps step+render well above 20k per second.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import struct
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+WALL_RGB = (169, 169, 169)
+PATH_RGB = (255, 255, 255)
+TARGET_RGB = (255, 0, 0)
+AGENT_RGB = (0, 0, 255)
+
+
+def agent_disc_mask(cell_px: int) -> np.ndarray:
+    """(cell_px, cell_px) bool: pixels whose centres lie within cell_px/4 of the cell centre."""
+    centres = np.arange(cell_px) + 0.5
+    rows, cols = np.meshgrid(centres, centres, indexing="ij")
+    radius = cell_px / 4
+    return (rows - cell_px / 2) ** 2 + (cols - cell_px / 2) ** 2 <= radius**2
+
+
+def draw_static(walls: np.ndarray, target: tuple[int, int], cell_px: int) -> np.ndarray:
+    """The frame without the agent: walls, paths and the target square."""
+    colours = np.array([PATH_RGB, WALL_RGB], dtype=np.uint8)[walls]  # (H, W, 3)
+    colours[target] = TARGET_RGB
+    return np.repeat(np.repeat(colours, cell_px, axis=0), cell_px, axis=1)
+
+
+class FrameRenderer:
+    """Keeps one canvas per episode and moves the agent disc on it incrementally."""
+
+    def __init__(self, walls: np.ndarray, target: tuple[int, int], cell_px: int) -> None:
+        self.cell_px = cell_px
+        self._static = draw_static(walls, target, cell_px)
+        self._canvas = self._static.copy()
+        self._mask = agent_disc_mask(cell_px)
+        self._agent: tuple[int, int] | None = None
+
+    def _cell(self, image: np.ndarray, cell: tuple[int, int]) -> np.ndarray:
+        r, c = cell[0] * self.cell_px, cell[1] * self.cell_px
+        return image[r : r + self.cell_px, c : c + self.cell_px]
+
+    def place_agent(self, cell: tuple[int, int]) -> None:
+        if self._agent is not None:
+            self._cell(self._canvas, self._agent)[...] = self._cell(self._static, self._agent)
+        self._cell(self._canvas, cell)[self._mask] = AGENT_RGB
+        self._agent = cell
+
+    def frame(self) -> np.ndarray:
+        return self._canvas.copy()
+
+
+def _png_chunk(tag: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    """Lossless PNG of an RGB frame.
+
+    Written directly (no row filters, zlib level 1) because maze frames are flat colour:
+    this is about 4x faster than Pillow's adaptive-filter encoder at a similar size, which
+    matters when every turn of every rollout sends a frame. Pillow decodes it (tested).
+    """
+    image = np.ascontiguousarray(image, dtype=np.uint8)
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"png_bytes expects an (H, W, 3) uint8 frame, got shape {image.shape}")
+    height, width, _ = image.shape
+    rows = np.zeros((height, width * 3 + 1), dtype=np.uint8)  # leading 0 = filter "None"
+    rows[:, 1:] = image.reshape(height, -1)
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit truecolour
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _png_chunk(b"IHDR", header)
+        + _png_chunk(b"IDAT", zlib.compress(rows.tobytes(), 1))
+        + _png_chunk(b"IEND", b"")
+    )
+
+
+def png_data_uri(image: np.ndarray) -> str:
+    """``data:image/png;base64,...`` for OpenAI-style ``image_url`` message parts."""
+    return "data:image/png;base64," + base64.b64encode(png_bytes(image)).decode("ascii")
+
+
+def image_from_data_uri(uri: str) -> Image.Image:
+    """Inverse of :func:`png_data_uri` (any base64 image data URI)."""
+    header, _, payload = uri.partition(",")
+    if not header.startswith("data:image/") or ";base64" not in header:
+        raise ValueError(f"expected a base64 image data URI, got one starting with {uri[:40]!r}")
+    return Image.open(io.BytesIO(base64.b64decode(payload))).convert("RGB")
+
+
+def episode_gif(frames: Sequence[np.ndarray], path: str | os.PathLike, frame_ms: int = 400) -> Path:
+    """Write the frames as an animated GIF (looping, last frame held longer); returns the path."""
+    if not frames:
+        raise ValueError("episode_gif needs at least one frame")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    images = [Image.fromarray(np.asarray(f, dtype=np.uint8)) for f in frames]
+    durations = [frame_ms] * (len(images) - 1) + [frame_ms * 3]
+    tmp = path.with_name(path.name + ".tmp")
+    images[0].save(
+        tmp, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0, optimize=False
+    )
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,47 @@
+"""The data root and the file layout under it (design section 2).
+
+Everything a run produces lives under one root: ``./.mazerl`` by default, ``$MAZERL_HOME``
+when set, or an explicit parameter; on a cluster it is the shared mount (``/shared``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT_ROOT = ".mazerl"
+ROOT_ENV_VAR = "MAZERL_HOME"
+
+
+def data_root(root: str | os.PathLike | None = None) -> Path:
+    """Resolve the data root: the argument, else ``$MAZERL_HOME``, else ``./.mazerl`` (absolute)."""
+    chosen = root or os.environ.get(ROOT_ENV_VAR) or DEFAULT_ROOT
+    return Path(chosen).expanduser().resolve()
+
+
+def models_dir(root: Path) -> Path:
+    return root / "models"
+
+
+def run_dir(root: Path, run_id: str) -> Path:
+    return root / "runs" / run_id
+
+
+def checkpoints_dir(root: Path, run_id: str) -> Path:
+    return run_dir(root, run_id) / "checkpoints"
+
+
+def merged_dir(root: Path, run_id: str) -> Path:
+    return run_dir(root, run_id) / "merged"
+
+
+def eval_dir(root: Path, run_id: str, stage: str) -> Path:
+    return run_dir(root, run_id) / "eval" / stage
+
+
+def mlflow_db_uri(root: Path) -> str:
+    return f"sqlite:///{root / 'mlflow.db'}"
+
+
+def mlflow_artifacts_dir(root: Path) -> Path:
+    return root / "mlartifacts"
