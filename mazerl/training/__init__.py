@@ -1,0 +1,1 @@
+"""GRPO training: config, GRPO math, checkpoints, and the two backends (local, skyrl)."""

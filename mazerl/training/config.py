@@ -1,0 +1,216 @@
+"""The training configuration shared by both backends, validated once at construction.
+
+Every field says what it trades off. The same file (JSON or YAML) configures the local
+engine's and the SkyRL backend's ``python -m`` entrypoints, is saved with every
+checkpoint and is logged to MLflow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from mazerl import paths
+
+
+class StrictModel(BaseModel):
+    """Frozen, no unknown keys: a typo in a config file is an error, not a silent default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LoraConfig(StrictModel):
+    rank: int = Field(
+        32, ge=1, description="LoRA rank r; the reference run used 32. Higher: more capacity, more memory."
+    )
+    alpha: float = Field(64.0, gt=0, description="LoRA scaling numerator (scale = alpha / rank).")
+    dropout: float = Field(
+        0.0, ge=0, lt=1, description="Dropout on the LoRA input; 0 keeps rollouts and updates identical."
+    )
+    target_modules: tuple[str, ...] = Field(
+        ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        description="Linear layer names of the language model that get adapters (the vision tower stays frozen).",
+    )
+
+
+class GrpoConfig(StrictModel):
+    samples_per_maze: int = Field(
+        8, description="Episodes per maze (the GRPO group). Advantages are relative within a group, so >= 2."
+    )
+    clip_low: float = Field(0.2, gt=0, lt=1, description="PPO clip epsilon below 1 (SkyRL eps_clip_low).")
+    clip_high: float = Field(0.2, gt=0, description="PPO clip epsilon above 1 (SkyRL eps_clip_high).")
+    kl_coef: float = Field(
+        0.0, ge=0, description="KL-to-reference loss coefficient; 0 (default) needs no reference model."
+    )
+    loss_reduction: Literal["token_mean", "sequence_mean"] = Field(
+        "token_mean", description="How per-token losses are averaged (SkyRL's token_mean: over all response tokens)."
+    )
+    update_epochs: int = Field(
+        2, ge=1, description="Optimizer passes over each rollout batch; >1 makes the clip matter (PPO-style)."
+    )
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of training rollouts (eval is greedy).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling for training rollouts.")
+    max_new_tokens: int = Field(24, ge=1, description="Token budget of one reply; an action needs about 8 tokens.")
+    format_bonus: float = Field(
+        0.0, ge=0, description="Training-only reward for replies that parse (never counted as success)."
+    )
+
+    @field_validator("samples_per_maze")
+    @classmethod
+    def _group_of_two(cls, value: int) -> int:
+        if value < 2:
+            raise ValueError(
+                f"grpo.samples_per_maze ({value}) must be >= 2: GRPO's advantage is the reward minus its group "
+                "mean, so a group of 1 has zero advantage and learns nothing; the reference uses 8"
+            )
+        return value
+
+
+class MlflowSettings(StrictModel):
+    tracking_uri: str | None = Field(
+        None, description="MLflow tracking URI; None means the embedded SQLite store under the data root."
+    )
+    experiment: str = Field("vlm-maze-grpo", description="MLflow experiment name.")
+    run_id: str | None = Field(
+        None, description="The child run `train` to log into (created by the orchestrator); None: a new run."
+    )
+
+
+class SkyrlSettings(StrictModel):
+    num_gpus: int = Field(8, ge=1, description="GPUs for policy training (FSDP) and colocated vLLM engines.")
+    num_nodes: int = Field(1, ge=1, description="Nodes the GPUs are spread over.")
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism per engine.")
+    gpu_memory_utilization: float = Field(0.8, gt=0, le=1, description="vLLM's share of GPU memory when colocated.")
+    micro_batch_size_per_gpu: int = Field(4, ge=1, description="Micro batch for forward/backward passes.")
+    max_prompt_length: int = Field(2048, ge=64, description="Token limit of the first prompt (text + image).")
+    max_input_length: int = Field(8192, ge=256, description="Token limit of a whole multi-turn conversation.")
+    max_model_len: int = Field(60000, ge=1024, description="vLLM context length.")
+    lora_sync_path: str | None = Field(
+        None, description="Where LoRA weights are exchanged with vLLM; default: <run dir>/lora_sync on shared storage."
+    )
+
+    @property
+    def num_engines(self) -> int:
+        return self.num_gpus * self.num_nodes // self.tensor_parallel_size
+
+
+class TrainConfig(StrictModel):
+    """One training run. Construct it from a file with :func:`load_config`."""
+
+    run_id: str = Field(description="Identifier of the run; checkpoints go to <data_root>/runs/<run_id>/checkpoints.")
+    data_root: Path = Field(
+        default_factory=paths.data_root, description="Root for models, runs and the embedded MLflow store."
+    )
+    base_model: Path = Field(description="Hugging Face model directory of the starting policy (the SFT checkpoint).")
+    backend: Literal["local", "skyrl"] = Field(
+        "local", description="local: torch+transformers+peft on one machine; skyrl: SkyRL with vLLM+FSDP on GPUs."
+    )
+    eval_set: str = Field("maze64-easy-v1", description="Name of the fixed eval set (envs/data); also fixes the world.")
+    action_format: Literal["tuple", "keyword"] = Field(
+        "tuple", description="Action syntax the policy is asked for: VisGym tuples (SFT) or <action> keywords."
+    )
+    max_turns: int = Field(15, ge=1, description="Move budget per episode, the stop included (reference: 15).")
+    history_images: int | Literal["all"] = Field(
+        "all",
+        description="Frames kept in the conversation: all (reference) or the last K, earlier turns kept as text.",
+    )
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="Adapter settings.")
+    grpo: GrpoConfig = Field(default_factory=GrpoConfig, description="GRPO algorithm settings.")
+    steps: int = Field(100, ge=1, description="Optimizer steps (rollout batches) in the whole run.")
+    mazes_per_step: int = Field(16, ge=1, description="Distinct mazes per step; each is played samples_per_maze times.")
+    train_pool_size: int = Field(
+        4096,
+        ge=1,
+        description="Distinct training mazes, from seeds 10^6 upwards, never a layout of the eval set "
+        "(the 7x7 world has 768 mazes in all, so at most 512 there).",
+    )
+    learning_rate: float = Field(1e-4, description="AdamW learning rate for the LoRA weights.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    freeze_vision: bool = Field(True, description="Keep the vision tower frozen (adapters on the language model only).")
+    checkpoint_interval: int = Field(10, ge=1, description="Save a checkpoint every N steps (and always at the end).")
+    checkpoints_kept: int = Field(2, ge=1, description="Keep the last K checkpoints; older ones are deleted.")
+    eval_interval: int = Field(0, ge=0, description="Greedy eval on the eval set every N steps; 0 disables.")
+    eval_mazes: int | None = Field(None, ge=1, description="Evaluate on the first N mazes of the set during training.")
+    seed: int = Field(0, description="Seeds data order, sampling and initialisation; same seed, same run on CPU.")
+    resume: Literal["latest", "none"] = Field(
+        "latest",
+        description="latest: continue from the checkpoint marker if there is one; none: refuse to reuse a dir.",
+    )
+    torch_threads: int | None = Field(None, ge=1, description="torch CPU threads (local backend); None: torch default.")
+    mlflow: MlflowSettings = Field(default_factory=MlflowSettings, description="Where metrics go.")
+    skyrl: SkyrlSettings = Field(default_factory=SkyrlSettings, description="GPU cluster settings (skyrl backend).")
+
+    @field_validator("learning_rate")
+    @classmethod
+    def _positive_lr(cls, value: float) -> float:
+        if not value > 0:
+            raise ValueError(f"learning_rate ({value}) must be > 0; the embedded default uses 1e-4")
+        return value
+
+    @field_validator("run_id")
+    @classmethod
+    def _safe_run_id(cls, value: str) -> str:
+        if not value or any(
+            c not in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_." for c in value
+        ):
+            raise ValueError(f"run_id ({value!r}) may use only letters, digits, '-', '_' and '.'")
+        return value
+
+    @field_validator("data_root", "base_model")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return Path(value).expanduser().resolve()
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> TrainConfig:
+        if self.history_images != "all" and self.history_images < 1:
+            raise ValueError(f"history_images ({self.history_images}) must be 'all' or >= 1")
+        if self.backend == "skyrl":
+            placement = self.skyrl.num_gpus * self.skyrl.num_nodes
+            if placement % self.skyrl.tensor_parallel_size:
+                raise ValueError(
+                    f"skyrl.num_gpus*num_nodes ({placement}) must be divisible by skyrl.tensor_parallel_size "
+                    f"({self.skyrl.tensor_parallel_size}) so every vLLM engine gets whole GPUs"
+                )
+        return self
+
+    # Derived locations (design section 2).
+    @property
+    def run_dir(self) -> Path:
+        return paths.run_dir(self.data_root, self.run_id)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return paths.checkpoints_dir(self.data_root, self.run_id)
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.mlflow.tracking_uri or paths.mlflow_db_uri(self.data_root)
+
+    @property
+    def group_size(self) -> int:
+        return self.grpo.samples_per_maze
+
+
+def load_config(path: str | os.PathLike) -> TrainConfig:
+    """Read a JSON or YAML config file; errors name the file and the offending field."""
+    path = Path(path)
+    text = path.read_text()
+    data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+    return TrainConfig.model_validate(data)
+
+
+def save_config(config: TrainConfig, path: str | os.PathLike) -> Path:
+    """Write the config as JSON atomically (temp name, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(config.model_dump_json(indent=2))
+    os.replace(tmp, path)
+    return path
