@@ -1,0 +1,139 @@
+"""Checkpoint layout, the step marker, atomic saves and verified resume (design section 2).
+
+::
+
+    checkpoints/
+      latest_ckpt_global_step.txt      "N", written last (by rename)
+      global_step_<N>/
+        trainer_state.pt               global step, config, data order, base-model fingerprint
+        policy/lora_adapter/           PEFT adapter (adapter_config.json + adapter_model.safetensors)
+        policy/optimizer.pt, scheduler.pt, rng_state.pt   (local backend)
+
+The local backend builds a checkpoint in a temporary directory and renames it into place,
+then rewrites the marker by rename; SkyRL writes in place and the marker last. Either way a
+reader trusts only the step the marker names, and verifies that directory before use; a
+``global_step_*`` directory is never picked by scanning (scanning is only for pruning).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MARKER = "latest_ckpt_global_step.txt"
+TRAINER_STATE = "trainer_state.pt"
+ADAPTER_SUBDIR = Path("policy") / "lora_adapter"
+REQUIRED_FILES = (
+    TRAINER_STATE,
+    str(ADAPTER_SUBDIR / "adapter_config.json"),
+    str(ADAPTER_SUBDIR / "adapter_model.safetensors"),
+)
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, incomplete, or belongs to another run or model."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    path: Path
+
+    @property
+    def adapter_dir(self) -> Path:
+        return self.path / ADAPTER_SUBDIR
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return Path(root) / f"global_step_{step}"
+
+
+def read_marker(root: Path) -> int | None:
+    """The step named by the marker, or None when no checkpoint was ever completed."""
+    marker = Path(root) / MARKER
+    if not marker.exists():
+        return None
+    text = marker.read_text().strip()
+    if not text.isdigit():
+        raise CheckpointError(f"checkpoint marker {marker} holds {text!r}, not a step number; delete it to restart")
+    return int(text)
+
+
+def verify(path: Path) -> None:
+    """Raise if a checkpoint directory lacks any required file."""
+    missing = [name for name in REQUIRED_FILES if not (Path(path) / name).is_file()]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is incomplete: missing {', '.join(missing)}")
+
+
+def latest(root: Path) -> Checkpoint | None:
+    """The verified checkpoint the marker names, or None if there is no marker."""
+    step = read_marker(root)
+    if step is None:
+        return None
+    checkpoint = Checkpoint(step, step_dir(root, step))
+    verify(checkpoint.path)
+    return checkpoint
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def save(root: Path, step: int, write: Callable[[Path], None], keep: int) -> Checkpoint:
+    """Build a checkpoint with ``write(tmp_dir)``, rename it into place, move the marker, prune.
+
+    A crash at any point leaves the marker on the previous complete checkpoint: the
+    temporary directory is ignored (and cleared on the next save of that step).
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = step_dir(root, step)
+    tmp = root / f".{final.name}.tmp-{os.getpid()}"
+    for stale in root.glob(f".{final.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        write(tmp)
+        verify(tmp)
+        if final.exists():  # left by a crash between rename and marker: never trusted, replace it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _write_text_atomic(root / MARKER, str(step))
+    prune(root, keep)
+    return Checkpoint(step, final)
+
+
+def prune(root: Path, keep: int) -> list[Path]:
+    """Delete all but the ``keep`` newest step directories, never the one the marker names."""
+    current = read_marker(root)
+    steps = sorted((int(m.group(1)), entry) for entry in Path(root).iterdir() if (m := _STEP_DIR.match(entry.name)))
+    doomed = [path for step, path in steps[:-keep] if step != current] if keep > 0 else []
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def save_trainer_state(path: Path, state: dict[str, Any]) -> None:
+    torch.save(state, path / TRAINER_STATE)
+
+
+def load_trainer_state(checkpoint: Checkpoint) -> dict[str, Any]:
+    """Plain values only, loaded without unpickling arbitrary objects (``weights_only=True``)."""
+    return torch.load(checkpoint.path / TRAINER_STATE, map_location="cpu", weights_only=True)

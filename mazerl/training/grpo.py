@@ -1,0 +1,88 @@
+"""GRPO's math as free functions, following SkyRL's definitions so both backends agree.
+
+- Advantage (SkyRL ``compute_grpo_outcome_advantage``): an episode's summed reward minus
+  its group mean, divided by the group's unbiased standard deviation + 1e-6. A group of
+  one gets mean 0 and std 1. Every response token of the episode carries that value.
+- Policy loss (SkyRL ``ppo_policy_loss``, ``regular``): ``-min(r*A, clip(r, 1-eps_low,
+  1+eps_high)*A)`` with ``r = exp(logp - logp_old)`` (log-ratio clamped at 20).
+- Reduction ``token_mean``: the sum of per-token losses divided by the number of
+  response tokens in the whole mini-batch (not per micro-batch), so splitting a batch
+  into micro-batches for memory does not change the gradient.
+- KL (optional, ``kl_coef > 0``): SkyRL's default ``k3`` estimator against the reference
+  policy, ``exp(ref - logp) - (ref - logp) - 1``, added per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+ADVANTAGE_EPSILON = 1e-6
+LOG_RATIO_CLAMP = 20.0
+
+
+def group_advantages(rewards: Sequence[float], group_ids: Sequence[object]) -> torch.Tensor:
+    """(N,) rewards and group labels -> (N,) advantages, normalised within each group."""
+    scores = torch.as_tensor(rewards, dtype=torch.float32)
+    advantages = torch.empty_like(scores)
+    groups: dict[object, list[int]] = {}
+    for index, group in enumerate(group_ids):
+        groups.setdefault(group, []).append(index)
+    for members in groups.values():
+        group_scores = scores[members]
+        if len(members) == 1:
+            mean, std = torch.tensor(0.0), torch.tensor(1.0)
+        else:
+            mean, std = group_scores.mean(), group_scores.std(unbiased=True)
+        advantages[members] = (group_scores - mean) / (std + ADVANTAGE_EPSILON)
+    return advantages
+
+
+def clipped_surrogate(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token PPO loss and a clipped-token indicator, both shaped like ``log_probs`` (B, T)."""
+    log_ratio = (log_probs - old_log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1 - clip_low, 1 + clip_high) * advantages
+    loss = -torch.minimum(unclipped, clipped)
+    was_clipped = (-clipped > -unclipped).float()
+    return loss, was_clipped
+
+
+def k3_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+    """Per-token low-variance KL estimate of KL(policy || reference), >= 0."""
+    delta = (ref_log_probs - log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return torch.exp(delta) - delta - 1
+
+
+def reduce_token_mean(per_token: torch.Tensor, mask: torch.Tensor, total_tokens: int) -> torch.Tensor:
+    """Sum over masked tokens / ``total_tokens`` of the whole mini-batch (SkyRL ``token_mean``)."""
+    return (per_token * mask).sum() / max(total_tokens, 1)
+
+
+def reduce_sequence_mean(per_token: torch.Tensor, mask: torch.Tensor, total_sequences: int) -> torch.Tensor:
+    """Mean over tokens within each sequence, then sum / ``total_sequences`` of the mini-batch."""
+    per_sequence = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return per_sequence.sum() / max(total_sequences, 1)
+
+
+def count_tokens(masks: Sequence[torch.Tensor]) -> int:
+    return int(sum(mask.sum().item() for mask in masks))
+
+
+def count_sequences(masks: Sequence[torch.Tensor]) -> int:
+    return sum(mask.shape[0] for mask in masks)
+
+
+# name -> (reduce one micro-batch, normaliser over all micro-batch masks of the mini-batch)
+LOSS_REDUCTIONS = {
+    "token_mean": (reduce_token_mean, count_tokens),
+    "sequence_mean": (reduce_sequence_mean, count_sequences),
+}

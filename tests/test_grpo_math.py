@@ -1,0 +1,84 @@
+"""GRPO advantages and losses on hand-written tensors (SkyRL's definitions)."""
+
+import math
+
+import pytest
+import torch
+
+from mazerl.training.grpo import (
+    LOSS_REDUCTIONS,
+    clipped_surrogate,
+    group_advantages,
+    k3_kl,
+)
+
+
+def test_advantage_is_group_relative_with_unbiased_std():
+    # Given two groups of 4 episodes, when rewards differ within a group, then each is
+    # (r - mean) / (unbiased std + 1e-6).
+    rewards = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+    groups = ["a"] * 4 + ["b"] * 4
+    adv = group_advantages(rewards, groups)
+    std_a = math.sqrt(((0.75**2) + 3 * (0.25**2)) / 3)
+    assert adv[0].item() == pytest.approx(0.75 / (std_a + 1e-6))
+    assert adv[1].item() == pytest.approx(-0.25 / (std_a + 1e-6))
+    std_b = math.sqrt(4 * 0.25 / 3)
+    assert adv[4].item() == pytest.approx(0.5 / (std_b + 1e-6))
+    assert adv[4:].sum().item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_uniform_group_has_zero_advantage_and_singleton_keeps_reward():
+    adv = group_advantages([1.0, 1.0, 1.0, 0.7], ["g", "g", "g", "solo"])
+    assert torch.equal(adv[:3], torch.zeros(3)), "all-equal rewards carry no signal"
+    assert adv[3].item() == pytest.approx(0.7 / (1 + 1e-6)), "a group of one: mean 0, std 1 (SkyRL)"
+
+
+def test_groups_need_not_be_contiguous():
+    a = group_advantages([1.0, 0.0, 0.0, 1.0], [1, 2, 1, 2])
+    b = group_advantages([1.0, 0.0, 0.0, 1.0], [1, 1, 2, 2])
+    assert a[0] == b[0] and a[2] == b[1]
+
+
+def test_clipped_surrogate_matches_hand_computation():
+    old = torch.log(torch.tensor([[0.5, 0.5, 0.5, 0.5]]))
+    new = torch.log(torch.tensor([[0.5, 0.75, 0.25, 0.75]]))  # ratios 1, 1.5, 0.5, 1.5
+    adv = torch.tensor([[1.0, 1.0, 1.0, -1.0]])
+    loss, clipped = clipped_surrogate(new, old, adv, clip_low=0.2, clip_high=0.2)
+    # ratio 1 -> -1; ratio 1.5, A>0 -> clipped at 1.2 -> -1.2; ratio 0.5, A>0 -> min(0.5, 0.8) = 0.5 -> -0.5;
+    # ratio 1.5, A<0 -> min(-1.5, -1.2) = -1.5 -> 1.5
+    assert loss[0].tolist() == pytest.approx([-1.0, -1.2, -0.5, 1.5])
+    assert clipped.tolist() == [[0.0, 1.0, 0.0, 0.0]]
+
+
+def test_surrogate_gradient_vanishes_outside_the_clip():
+    old = torch.zeros(1, 2)
+    new = torch.tensor([[0.5, 0.05]], requires_grad=True)  # ratio e^0.5 = 1.65 (clipped), e^0.05 (inside)
+    loss, _ = clipped_surrogate(new, old, torch.ones(1, 2), 0.2, 0.2)
+    loss.sum().backward()
+    assert new.grad[0, 0].item() == 0.0
+    assert new.grad[0, 1].item() == pytest.approx(-math.exp(0.05))
+
+
+def test_token_mean_over_micro_batches_equals_one_big_batch():
+    # Given per-token losses split into two micro-batches of different lengths, the
+    # token_mean over the mini-batch equals the mean over all unmasked tokens.
+    reduce, normaliser = LOSS_REDUCTIONS["token_mean"]
+    l1, m1 = torch.tensor([[1.0, 2.0, 9.0]]), torch.tensor([[1.0, 1.0, 0.0]])
+    l2, m2 = torch.tensor([[3.0], [4.0]]), torch.tensor([[1.0], [1.0]])
+    total = normaliser([m1, m2])
+    assert total == 4
+    combined = reduce(l1, m1, total) + reduce(l2, m2, total)
+    assert combined.item() == pytest.approx((1 + 2 + 3 + 4) / 4)
+
+
+def test_sequence_mean_averages_within_then_across_sequences():
+    reduce, normaliser = LOSS_REDUCTIONS["sequence_mean"]
+    losses = torch.tensor([[1.0, 3.0, 0.0], [6.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert reduce(losses, mask, normaliser([mask])).item() == pytest.approx((2.0 + 6.0) / 2)
+
+
+def test_k3_kl_is_zero_at_equality_and_positive_otherwise():
+    logp = torch.log(torch.tensor([0.2, 0.5, 0.9]))
+    assert torch.allclose(k3_kl(logp, logp), torch.zeros(3))
+    assert (k3_kl(logp, torch.log(torch.tensor([0.4, 0.3, 0.8]))) > 0).all()
