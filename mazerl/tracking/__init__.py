@@ -1,0 +1,1 @@
+"""MLflow lineage: resilient metric logging, the stage runs, LoRA merge and promotion."""
