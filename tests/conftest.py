@@ -5,3 +5,24 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+
+# --------------------------------------------------------------------------------------
+# Shared model fixture (policy runtime). Any suite may request it.
+# --------------------------------------------------------------------------------------
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def starter_model_dir(tmp_path_factory: pytest.TempPathFactory):
+    """A reduced starter build (same architecture, tokenizer, processor and chat template as the
+    full one; a few warm-start steps, so it answers in the action format but rarely solves a maze).
+
+    Built once per test session (about 20-40 s on 2 cores) under ``<tmp>/starter-root`` through
+    ``mazerl.policy.starter.ensure_starter`` and returned as the model directory (a ``Path``);
+    treat it as read-only.
+    """
+    from mazerl.policy.starter import StarterConfig, ensure_starter
+
+    root = tmp_path_factory.mktemp("starter-root")
+    return ensure_starter(root, StarterConfig.reduced_build(), log=lambda _: None)

@@ -1,0 +1,1 @@
+"""Policy runtime: model loading, prompt rendering, inference engines, the episode runner, the starter model."""

@@ -1,0 +1,262 @@
+"""Conversations -> token ids + images: the one place where prompts are rendered.
+
+Both the episode runner (rollouts, eval) and the starter's warm-start build their model
+contexts here, and the trainer turns recorded contexts back into tensors with
+:func:`model_inputs`, so what the policy is trained on is exactly what it saw.
+
+A conversation is the task prompt with the first frame, then alternating assistant
+replies and observations (the env's feedback text with the next frame). Rendering applies
+the model's own chat template to the messages and then splices in each reply's *generated
+token ids* verbatim instead of re-tokenising its text, so a recorded context always
+extends the previous turn's context plus its reply, token for token, whatever the
+tokenizer would have made of the decoded text.
+
+``history_images`` keeps the frames of the last K observations (``"all"``: every frame,
+as the reference does); earlier observations keep their feedback text only. User messages
+put the text before the image (as the skyrl-gym adapter does), so dropping an old frame
+never changes the tokens before it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+HistoryImages = int | Literal["all"]
+
+# Private-use characters: never produced by a tokenizer's decode of ordinary text, and
+# passed through unchanged by chat templates.
+_REPLY_MARKER = "\ue000mazerl-reply-{}\ue001"
+
+
+class ChatError(ValueError):
+    """A conversation or token sequence that cannot be turned into model inputs."""
+
+
+@dataclass
+class Observation:
+    """What the environment showed: feedback (or the task prompt) and the frame."""
+
+    text: str
+    frame: np.ndarray
+
+
+@dataclass
+class Reply:
+    """What the policy answered: the generated ids (end-of-turn token included when produced)."""
+
+    response_ids: list[int]
+    text: str
+
+
+@dataclass
+class Conversation:
+    """One episode's dialogue; ``observations[i]`` precedes ``replies[i]``."""
+
+    observations: list[Observation] = field(default_factory=list)
+    replies: list[Reply] = field(default_factory=list)
+
+    @staticmethod
+    def start(prompt: str, frame: np.ndarray) -> Conversation:
+        return Conversation(observations=[Observation(prompt, frame)])
+
+    def add_reply(self, response_ids: list[int], text: str) -> None:
+        if len(self.replies) != len(self.observations) - 1:
+            raise ChatError("add_reply: the conversation does not end with an observation")
+        self.replies.append(Reply(list(response_ids), text))
+
+    def add_observation(self, text: str, frame: np.ndarray) -> None:
+        if len(self.replies) != len(self.observations):
+            raise ChatError("add_observation: the conversation does not end with a reply")
+        self.observations.append(Observation(text, frame))
+
+
+def check_history_images(history_images: HistoryImages) -> HistoryImages:
+    """``"all"`` or an integer >= 1; anything else is refused with the fix."""
+    if history_images == "all" or (isinstance(history_images, int) and history_images >= 1):
+        return history_images
+    raise ChatError(f"history_images={history_images!r} must be 'all' or an integer >= 1 (e.g. 1: current frame only)")
+
+
+def _special_id(tokenizer: Any, token: str) -> int:
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    if token_id is None or token_id == tokenizer.unk_token_id:
+        raise ChatError(f"the tokenizer has no {token!r} token; mazerl needs a Qwen-VL style tokenizer")
+    return int(token_id)
+
+
+def image_token_id(processor: Any) -> int:
+    return int(getattr(processor, "image_token_id", None) or _special_id(processor.tokenizer, "<|image_pad|>"))
+
+
+def end_of_turn_id(processor: Any) -> int:
+    """The token that closes an assistant reply (``<|im_end|>`` for Qwen chat templates)."""
+    return _special_id(processor.tokenizer, "<|im_end|>")
+
+
+def pad_id(processor: Any) -> int:
+    tokenizer = processor.tokenizer
+    return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end_of_turn_id(processor))
+
+
+def image_tokens_per_frame(processor: Any, height: int, width: int) -> int:
+    """How many ``<|image_pad|>`` tokens one frame of this size becomes."""
+    image_processor = processor.image_processor
+    patches = image_processor.get_number_of_image_patches(height, width, {})
+    return int(patches // image_processor.merge_size**2)
+
+
+def _messages(conversation: Conversation, history_images: HistoryImages) -> tuple[list[dict], list[np.ndarray]]:
+    observations = conversation.observations
+    keep_from = 0 if history_images == "all" else max(0, len(observations) - history_images)
+    messages: list[dict] = []
+    images: list[np.ndarray] = []
+    for index, observation in enumerate(observations):
+        content: list[dict] = [{"type": "text", "text": observation.text}]
+        if index >= keep_from:
+            content.append({"type": "image"})
+            images.append(observation.frame)
+        messages.append({"role": "user", "content": content})
+        if index < len(conversation.replies):
+            messages.append({"role": "assistant", "content": _REPLY_MARKER.format(index)})
+    return messages, images
+
+
+def render(
+    processor: Any, conversation: Conversation, history_images: HistoryImages = "all"
+) -> tuple[list[int], list[np.ndarray]]:
+    """The context the policy sees next: token ids (image pads expanded) and its frames, in order."""
+    check_history_images(history_images)
+    if len(conversation.observations) != len(conversation.replies) + 1:
+        raise ChatError("render: the conversation must end with an observation (the policy's turn)")
+    messages, images = _messages(conversation, history_images)
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    tokenizer = processor.tokenizer
+    eot = end_of_turn_id(processor)
+    ids: list[int] = []
+    rest = text
+    for index, reply in enumerate(conversation.replies):
+        before, found, rest = rest.partition(_REPLY_MARKER.format(index))
+        if not found:
+            raise ChatError(f"the chat template dropped assistant reply {index}; mazerl needs one that renders them")
+        ids += tokenizer(before, add_special_tokens=False)["input_ids"]
+        ids += reply.response_ids
+        if reply.response_ids and reply.response_ids[-1] == eot:
+            # The reply already closed its turn; the template's own end-of-turn token is redundant.
+            rest = rest.removeprefix(tokenizer.convert_ids_to_tokens(eot))
+    ids += tokenizer(rest, add_special_tokens=False)["input_ids"]
+    return _expand_image_pads(processor, ids, images), images
+
+
+def _expand_image_pads(processor: Any, ids: list[int], images: list[np.ndarray]) -> list[int]:
+    pad = image_token_id(processor)
+    positions = [i for i, token in enumerate(ids) if token == pad]
+    if len(positions) != len(images):
+        raise ChatError(f"the rendered text holds {len(positions)} image placeholders for {len(images)} frames")
+    expanded: list[int] = []
+    start = 0
+    for position, image in zip(positions, images, strict=True):
+        expanded += ids[start:position]
+        expanded += [pad] * image_tokens_per_frame(processor, image.shape[0], image.shape[1])
+        start = position + 1
+    return expanded + ids[start:]
+
+
+# --------------------------------------------------------------------------------------
+# Recorded contexts -> tensors (engines and the trainer both call this)
+# --------------------------------------------------------------------------------------
+
+
+class _PixelCache:
+    """Preprocessed frames by content, bounded in bytes.
+
+    Rollouts re-send the same frames turn after turn (a 7x7 maze has only 17 agent
+    positions, and with ``history_images="all"`` every past frame is sent again), and
+    preprocessing costs about 1 ms per frame, so a GRPO step's frames are kept.
+    """
+
+    def __init__(self, max_bytes: int = 256 * 2**20) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._items: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+
+    def get(self, image_processor: Any, frame: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        frame = np.ascontiguousarray(frame, dtype=np.uint8)
+        key = (frame.shape, hashlib.blake2b(frame.tobytes(), digest_size=16).digest())
+        hit = self._items.get(key)
+        if hit is not None:
+            self._items.move_to_end(key)
+            return hit
+        out = image_processor(images=[frame], return_tensors="np")
+        value = (np.asarray(out["pixel_values"], dtype=np.float32), np.asarray(out["image_grid_thw"]))
+        self._items[key] = value
+        self.bytes += value[0].nbytes
+        while self.bytes > self.max_bytes and len(self._items) > 1:
+            _, (pixels, _) = self._items.popitem(last=False)
+            self.bytes -= pixels.nbytes
+        return value
+
+
+_PIXEL_CACHES: weakref.WeakKeyDictionary[Any, _PixelCache] = weakref.WeakKeyDictionary()  # one per image processor
+
+
+def pixel_inputs(processor: Any, frames: list[np.ndarray]) -> dict[str, torch.Tensor]:
+    """``pixel_values`` (patches, dim) and ``image_grid_thw`` (images, 3) for frames in order."""
+    image_processor = processor.image_processor
+    cache = _PIXEL_CACHES.setdefault(image_processor, _PixelCache())
+    parts = [cache.get(image_processor, frame) for frame in frames]
+    return {
+        "pixel_values": torch.from_numpy(np.concatenate([p for p, _ in parts])),
+        "image_grid_thw": torch.from_numpy(np.concatenate([g for _, g in parts])).long(),
+    }
+
+
+def model_inputs(
+    processor: Any,
+    batch_of_input_ids: list[list[int]],
+    batch_of_images: list[list[np.ndarray]],
+    padding_side: Literal["left", "right"] = "left",
+) -> dict[str, torch.Tensor]:
+    """Recorded contexts -> ``input_ids``, ``attention_mask``, ``mm_token_type_ids``, ``pixel_values``, ``image_grid_thw``.
+
+    Left padding (the default) puts every sequence's last token in the last column, which
+    generation and reply scoring (``logits_to_keep``) both rely on. Frames are preprocessed
+    with the model's own image processor, row by row in order, so image features land on
+    the right ``<|image_pad|>`` runs. ``mm_token_type_ids`` (1 on image tokens) lets
+    Qwen3-VL compute its 3-D rope positions.
+    """
+    if len(batch_of_input_ids) != len(batch_of_images):
+        raise ChatError(f"{len(batch_of_input_ids)} token sequences but {len(batch_of_images)} image lists")
+    if not batch_of_input_ids or any(len(ids) == 0 for ids in batch_of_input_ids):
+        raise ChatError("model_inputs needs at least one non-empty token sequence")
+    if padding_side not in ("left", "right"):
+        raise ChatError(f"padding_side={padding_side!r} must be 'left' or 'right'")
+    pad, image_pad = pad_id(processor), image_token_id(processor)
+    width = max(len(ids) for ids in batch_of_input_ids)
+    input_ids = torch.full((len(batch_of_input_ids), width), pad, dtype=torch.long)  # (B, T)
+    attention_mask = torch.zeros_like(input_ids)
+    for row, ids in enumerate(batch_of_input_ids):
+        span = slice(width - len(ids), width) if padding_side == "left" else slice(0, len(ids))
+        input_ids[row, span] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, span] = 1
+    mm_token_type_ids = ((input_ids == image_pad) & attention_mask.bool()).long()
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "mm_token_type_ids": mm_token_type_ids}
+    frames = [frame for images in batch_of_images for frame in images]
+    if frames:
+        inputs |= pixel_inputs(processor, frames)
+        grid = inputs["image_grid_thw"]
+        expected = int((grid.prod(-1) // processor.image_processor.merge_size**2).sum())
+        if int(mm_token_type_ids.sum()) != expected:
+            raise ChatError(
+                f"the sequences hold {int(mm_token_type_ids.sum())} image tokens but their {len(frames)} frames "
+                f"need {expected}; pass each context's frames exactly as the renderer returned them"
+            )
+    elif int(mm_token_type_ids.sum()):
+        raise ChatError("the sequences hold image tokens but no frames were given")
+    return inputs

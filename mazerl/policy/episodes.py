@@ -1,0 +1,165 @@
+"""The multi-turn episode runner shared by eval and the local GRPO trainer.
+
+Each episode is a conversation with one maze: the task prompt and first frame, then for
+every turn the policy's reply, the env's feedback and the next frame. All unfinished
+episodes advance together: one engine call per turn carries every active episode's
+context, so a batch of 128 rollouts costs 15 batched calls, not 1,920 single ones.
+
+Every turn records exactly the context the policy was given (token ids and frames, see
+``chat.render``) and the ids it produced, which is what the trainer scores. An episode
+ends when the policy says stop or the move budget is spent; unparseable replies cost a
+move. ``solved`` counts only a stop on the target; a training format bonus goes into
+``reward`` and never into ``solved``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from envs.maze import ActionFormat, Layout, MazeEnv, optimal_moves
+from mazerl.policy.chat import Conversation, HistoryImages, check_history_images, render
+from mazerl.policy.engines import GenerationRequest, GenerationSettings, HFEngine, InferenceEngine
+
+
+@dataclass
+class Turn:
+    input_ids: list[int]  # the full context at this turn (chat template applied, image pads expanded)
+    images: list[np.ndarray]  # the frames whose image tokens appear in input_ids, in order
+    response_ids: list[int]  # generated tokens, the end-of-turn token included when produced
+    response_text: str
+    parse_ok: bool
+
+
+@dataclass
+class Episode:
+    maze_id: str  # "<eval set>/<index>" or "train/<seed>"
+    layout: Layout
+    turns: list[Turn]
+    actions: list[str]  # response texts in order
+    solved: bool  # stopped on the target (never a format bonus)
+    reward: float  # task reward (+ format bonus when training asks for one)
+    moves: int
+    parse_failures: int
+    optimal_moves: int
+    frames: list[np.ndarray] | None  # kept only when GIFs are requested
+
+    @property
+    def response_tokens(self) -> int:
+        """Generated tokens over all turns."""
+        return sum(len(turn.response_ids) for turn in self.turns)
+
+    @property
+    def context_tokens(self) -> int:
+        """Length of the longest context the policy was given (the last turn's)."""
+        return max((len(turn.input_ids) for turn in self.turns), default=0)
+
+
+@dataclass
+class _Running:
+    """An episode in progress."""
+
+    env: MazeEnv
+    conversation: Conversation
+    turns: list[Turn]
+    frames: list[np.ndarray] | None
+    reward: float = 0.0
+    solved: bool = False
+    done: bool = False
+
+
+def run_episodes(
+    engine: InferenceEngine | torch.nn.Module,
+    processor: object,
+    layouts: Sequence[Layout],
+    settings: GenerationSettings,
+    *,
+    maze_ids: Sequence[str] | None = None,
+    max_moves: int = 15,
+    action_format: ActionFormat = "tuple",
+    cell_px: int = 16,
+    history_images: HistoryImages = 1,
+    keep_frames: bool = False,
+    format_bonus: float = 0.0,
+    on_turn: Callable[[int, int], None] | None = None,
+) -> list[Episode]:
+    """Play every layout once with the policy behind ``engine``; episodes come back in input order.
+
+    ``engine`` may be a bare ``transformers`` model, which is then wrapped in an
+    :class:`HFEngine`. ``settings.seed`` (if set) is combined with the turn index, so a
+    sampled batch is reproducible on CPU. ``on_turn(turn, active)`` is called before each
+    turn's generation (for progress output).
+    """
+    if isinstance(engine, torch.nn.Module):
+        engine = HFEngine(engine, processor)
+    check_history_images(history_images)
+    if format_bonus < 0:
+        raise ValueError(f"format_bonus={format_bonus} must be >= 0 (0 disables it)")
+    if maze_ids is not None and len(maze_ids) != len(layouts):
+        raise ValueError(f"maze_ids has {len(maze_ids)} entries for {len(layouts)} layouts; give one per layout")
+    running = [_start(layout, max_moves, action_format, cell_px, keep_frames) for layout in layouts]
+    for turn in range(max_moves):
+        active = [episode for episode in running if not episode.done]
+        if not active:
+            break
+        if on_turn is not None:
+            on_turn(turn, len(active))
+        contexts = [render(processor, episode.conversation, history_images) for episode in active]
+        requests = [GenerationRequest(input_ids=ids, images=images) for ids, images in contexts]
+        results = engine.generate(requests, settings.for_turn(turn))
+        for episode, (ids, images), result in zip(active, contexts, results, strict=True):
+            _advance(episode, ids, images, result.response_ids, result.text, format_bonus)
+    ids = maze_ids if maze_ids is not None else [f"maze/{index}" for index in range(len(layouts))]
+    return [_finish(episode, maze_id) for episode, maze_id in zip(running, ids, strict=True)]
+
+
+def _start(layout: Layout, max_moves: int, action_format: ActionFormat, cell_px: int, keep_frames: bool) -> _Running:
+    env = MazeEnv(size=layout.size, max_moves=max_moves, action_format=action_format, cell_px=cell_px)
+    frame, _ = env.reset(layout=layout)
+    return _Running(
+        env=env,
+        conversation=Conversation.start(env.prompt(), frame),
+        turns=[],
+        frames=[frame] if keep_frames else None,
+    )
+
+
+def _advance(
+    episode: _Running,
+    input_ids: list[int],
+    images: list[np.ndarray],
+    response_ids: list[int],
+    text: str,
+    format_bonus: float,
+) -> None:
+    frame, reward, terminated, truncated, info = episode.env.step(text)
+    episode.turns.append(Turn(input_ids, images, list(response_ids), text, bool(info["parse_ok"])))
+    episode.conversation.add_reply(response_ids, text)
+    if episode.frames is not None:
+        episode.frames.append(frame)
+    episode.done = terminated or truncated
+    if episode.done:
+        parsed_share = sum(turn.parse_ok for turn in episode.turns) / len(episode.turns)
+        episode.solved = reward > 0  # the env pays 1.0 only for a stop on the target
+        episode.reward = float(reward) + format_bonus * parsed_share
+    else:
+        episode.conversation.add_observation(info["feedback"], frame)
+
+
+def _finish(episode: _Running, maze_id: str) -> Episode:
+    layout = episode.env.layout
+    return Episode(
+        maze_id=maze_id,
+        layout=layout,
+        turns=episode.turns,
+        actions=[turn.response_text for turn in episode.turns],
+        solved=episode.solved,
+        reward=episode.reward,
+        moves=episode.env.moves,
+        parse_failures=sum(not turn.parse_ok for turn in episode.turns),
+        optimal_moves=optimal_moves(layout),
+        frames=episode.frames,
+    )

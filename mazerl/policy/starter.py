@@ -1,0 +1,397 @@
+"""The tiny Qwen3-VL starter model: the embedded default's stand-in for an SFT checkpoint.
+
+No weights can be downloaded, so the project builds its own starting policy, seeded and
+reproducible, as an ordinary Hugging Face directory that :func:`mazerl.policy.loader.load_policy`
+reads like any Qwen3-VL checkpoint:
+
+1. a byte-level BPE tokenizer trained locally over the prompt/feedback/action vocabulary,
+   with the Qwen special tokens, and a Qwen-style chat template;
+2. an image processor sized for maze frames: 16 px patches, spatial merge 1, so each cell
+   of the 7x7 world at 16 px is exactly one image token (49 per frame);
+3. a ``Qwen3VLForConditionalGeneration`` with text 128 x 4 layers and vision 128 x 2;
+4. a warm-start (``mazerl.policy.warmstart``): imitation of the shortest-path solver
+   through the real processor and chat template, so the starter solves a minority of the
+   embedded eval mazes, as the VisGym SFT checkpoint did for the reference run.
+
+Build it with ``mazerl build-starter`` (or let the pipeline call :func:`ensure_starter`).
+The directory is built under a temporary name and renamed into place, under a file lock,
+and records its config, learning curve and a weights digest in ``starter.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from envs.maze import ACCEPTED_FORMS, DIRECTION_WORDS, MazeEnv, action_text
+from mazerl import paths
+
+STARTER_NAME = "maze-starter-v1"
+RECORD_FILE = "starter.json"
+SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+# Qwen-style template: text parts and image placeholders in message order, one
+# <|im_start|>role ... <|im_end|> block per message, generation prompt "<|im_start|>assistant\n".
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string %}{{- message['content'] }}"
+    "{%- else %}{%- for part in message['content'] %}"
+    "{%- if part['type'] == 'image' or 'image' in part or 'image_url' in part %}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif part['type'] == 'text' %}{{- part['text'] }}{%- endif %}"
+    "{%- endfor %}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+class StarterError(ValueError):
+    """A starter directory or build request that cannot be used as asked."""
+
+
+class StarterConfig(BaseModel):
+    """Everything that determines the starter's weights (recorded in ``starter.json``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seed: int = Field(0, description="Seeds initialisation, data order and the tokenizer corpus order.")
+    reduced: bool = Field(False, description="A seconds-long build for tests: same architecture, few steps.")
+    # The world the starter is made for (the embedded eval set's).
+    eval_set: str = Field("maze256-small-v1", description="Eval set whose world (size, cell_px, budget) is used.")
+    action_format: Literal["tuple", "keyword"] = Field("tuple", description="Action syntax taught.")
+    history_images: int | Literal["all"] = Field(
+        1, description="Frames in the context the starter is trained on (and should be run with)."
+    )
+    # Architecture.
+    vocab_size: int = Field(512, ge=64, description="BPE vocabulary size, special tokens included.")
+    text_hidden: int = Field(128, description="Text model width.")
+    text_layers: int = Field(4, description="Text decoder layers.")
+    text_heads: int = Field(4, description="Attention heads (head_dim 32).")
+    text_intermediate: int = Field(512, description="Text MLP width.")
+    vision_hidden: int = Field(128, description="Vision tower width.")
+    vision_layers: int = Field(2, description="Vision blocks.")
+    vision_heads: int = Field(4, description="Vision attention heads.")
+    vision_intermediate: int = Field(512, description="Vision MLP width.")
+    patch_size: int = Field(16, description="Vision patch size in pixels (= the world's cell_px: one patch per cell).")
+    # Warm-start.
+    train_mazes: Literal["outside_eval", "all"] = Field(
+        "outside_eval",
+        description="outside_eval: only mazes not in the eval set (the baseline then measures generalisation); "
+        "all: every maze of the world.",
+    )
+    epochs: float = Field(1.5, gt=0, description="Passes over the warm-start states (fractional allowed).")
+    max_states: int | None = Field(None, ge=1, description="Use only the first N states (reduced builds).")
+    batch_size: int = Field(32, ge=1, description="States per optimizer step.")
+    learning_rate: float = Field(1e-3, gt=0, description="AdamW peak learning rate (cosine decay to 0).")
+    warmup_steps: int = Field(20, ge=0, description="Linear warm-up steps.")
+    aux_weight: float = Field(1.0, ge=0, description="Weight of each auxiliary per-cell loss (0 disables them).")
+    aux_layer: int = Field(2, ge=1, description="Text layer whose output feeds the auxiliary heads.")
+    torch_threads: int = Field(2, ge=1, description="torch threads of the build (fixed: results depend on it).")
+
+    @staticmethod
+    def reduced_build(seed: int = 0) -> StarterConfig:
+        """The CI build: the real pipeline end to end in seconds (a few hundred states, one pass)."""
+        return StarterConfig(seed=seed, reduced=True, epochs=1.0, max_states=320, batch_size=16, warmup_steps=2)
+
+
+# --------------------------------------------------------------------------------------
+# Tokenizer, processor, model config
+# --------------------------------------------------------------------------------------
+
+
+def tokenizer_corpus() -> list[str]:
+    """Every text the maze world produces: prompts (all sizes, budgets, formats), feedback, actions."""
+    texts: list[str] = []
+    for action_format in ("tuple", "keyword"):
+        for size in (5, 7, 9, 11, 13):
+            for budget in (10, 15, 20, 30):
+                texts.append(MazeEnv(size=size, max_moves=budget, action_format=action_format).prompt())
+        texts += [action_text(action, action_format) for action in range(5)]
+        texts.append(f"Could not read an action. Reply with exactly one of: {ACCEPTED_FORMS[action_format]}.")
+    texts += [f"Moved {word}." for word in DIRECTION_WORDS.values()]
+    texts += ["Cannot move into a wall.", "Stopped on the target.", "Stopped away from the target."]
+    texts += [text + " The move budget is spent." for text in texts[-7:]]
+    texts += ["user\n", "assistant\n", "system\n"]
+    return texts
+
+
+def build_tokenizer(vocab_size: int) -> Any:
+    """Byte-level BPE (any text stays encodable) with the Qwen special tokens, as a HF fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(tokenizer_corpus() * 4, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        model_max_length=4096,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def build_image_processor(config: StarterConfig) -> Any:
+    """Qwen2-VL image processing (PIL backend) with one patch per maze cell and no merging."""
+    from transformers import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(
+        patch_size=config.patch_size,
+        merge_size=1,
+        temporal_patch_size=2,
+        # Frames from 4x4 to 24x24 patches pass unresized (7x7 at 16 px is 112x112 = 49 patches).
+        size={"shortest_edge": (4 * config.patch_size) ** 2, "longest_edge": (24 * config.patch_size) ** 2},
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+
+
+def video_processor_config(config: StarterConfig) -> dict[str, Any]:
+    """What a stock Qwen3-VL processor loads where torchvision exists (vLLM builds it too)."""
+    return {
+        "video_processor_type": "Qwen3VLVideoProcessor",
+        "processor_class": "Qwen3VLProcessor",
+        "patch_size": config.patch_size,
+        "temporal_patch_size": 2,
+        "merge_size": 1,
+        "size": {"shortest_edge": (4 * config.patch_size) ** 2, "longest_edge": (24 * config.patch_size) ** 2 * 8},
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "do_sample_frames": True,
+        "fps": 2,
+        "min_frames": 4,
+        "max_frames": 64,
+    }
+
+
+def model_config(config: StarterConfig, tokenizer: Any) -> Any:
+    from transformers import Qwen3VLConfig
+
+    head_dim = config.text_hidden // config.text_heads
+    if head_dim != 32:
+        raise StarterError(f"text_hidden/text_heads = {head_dim}; the mrope section [8, 4, 4] needs head_dim 32")
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
+    return Qwen3VLConfig(
+        text_config={
+            "vocab_size": len(tokenizer),
+            "hidden_size": config.text_hidden,
+            "intermediate_size": config.text_intermediate,
+            "num_hidden_layers": config.text_layers,
+            "num_attention_heads": config.text_heads,
+            "num_key_value_heads": config.text_heads,
+            "head_dim": head_dim,
+            "max_position_embeddings": 4096,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [8, 4, 4],
+                "mrope_interleaved": True,
+            },
+            "pad_token_id": ids["<|endoftext|>"],
+            "bos_token_id": None,
+            "eos_token_id": ids["<|im_end|>"],
+        },
+        vision_config={
+            "depth": config.vision_layers,
+            "hidden_size": config.vision_hidden,
+            "intermediate_size": config.vision_intermediate,
+            "num_heads": config.vision_heads,
+            "patch_size": config.patch_size,
+            "spatial_merge_size": 1,
+            "temporal_patch_size": 2,
+            "out_hidden_size": config.text_hidden,
+            "num_position_embeddings": 49,  # a 7x7 learned grid: exact for the embedded world, interpolated elsewhere
+            "deepstack_visual_indexes": [0],
+        },
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+
+
+def image_only_processor(tokenizer: Any, image_processor: Any) -> Any:
+    from mazerl.policy.loader import _image_only_processor_class
+
+    return _image_only_processor_class()(image_processor, tokenizer, chat_template=CHAT_TEMPLATE)
+
+
+def save_processor(directory: Path, tokenizer: Any, image_processor: Any, config: StarterConfig) -> None:
+    """Write a stock-format Qwen3-VL processor: tokenizer, image + video processor configs, template."""
+    tokenizer.save_pretrained(directory)
+    image_processor.save_pretrained(directory)
+    (directory / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    (directory / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen3VLProcessor"}, indent=2))
+    (directory / "video_preprocessor_config.json").write_text(json.dumps(video_processor_config(config), indent=2))
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """SHA-256 over (name, dtype, shape, bytes) of every tensor in the state dict, by name."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------------------
+# Build, cache
+# --------------------------------------------------------------------------------------
+
+
+def set_determinism(seed: int, threads: int) -> None:
+    """Same seed and thread count on the same machine -> same weights, bit for bit."""
+    import random
+
+    import numpy as np
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.use_deterministic_algorithms(True)
+
+
+def build_starter(
+    out_dir: str | os.PathLike,
+    config: StarterConfig | None = None,
+    log: Callable[[str], None] = print,
+    warm_start: bool = True,
+) -> Path:
+    """Build the starter into ``out_dir`` (which must not exist yet); returns its path.
+
+    Everything is written to a temporary sibling directory first and renamed into place,
+    so an interrupted build never leaves a directory that looks complete.
+    """
+    from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
+
+    config = config or StarterConfig()
+    out_dir = Path(out_dir).expanduser().resolve()
+    if out_dir.exists():
+        raise StarterError(f"out_dir={str(out_dir)!r} already exists; delete it or choose another --out")
+    started = time.perf_counter()
+    previous_threads = torch.get_num_threads()
+    previous_deterministic = torch.are_deterministic_algorithms_enabled()
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        set_determinism(config.seed, config.torch_threads)
+        tokenizer = build_tokenizer(config.vocab_size)
+        image_processor = build_image_processor(config)
+        processor = image_only_processor(tokenizer, image_processor)
+        model = Qwen3VLForConditionalGeneration(model_config(config, tokenizer)).float()
+        parameters = sum(p.numel() for p in model.parameters())
+        log(f"starter: {parameters / 1e6:.2f} M parameters, vocab {len(tokenizer)}, seed {config.seed}")
+        record: dict[str, Any] = {}
+        if warm_start:
+            from mazerl.policy.warmstart import warm_start as run_warm_start
+
+            record = run_warm_start(model, processor, config, log=log)
+        model.eval()
+        model.generation_config = GenerationConfig(
+            eos_token_id=[tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id],
+            pad_token_id=tokenizer.pad_token_id,
+            do_sample=False,
+        )
+        model.save_pretrained(tmp)
+        save_processor(tmp, tokenizer, image_processor, config)
+        digest = weights_digest(model)
+        record = {
+            "name": out_dir.name,
+            "config": config.model_dump(mode="json"),
+            "weights_sha256": digest,
+            "parameters": parameters,
+            "build_seconds": round(time.perf_counter() - started, 1),
+            "versions": {
+                "torch": torch.__version__,
+                "transformers": _version("transformers"),
+                "python": platform.python_version(),
+            },
+            **record,
+        }
+        (tmp / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        torch.use_deterministic_algorithms(previous_deterministic)
+        torch.set_num_threads(previous_threads)
+    log(f"starter: wrote {out_dir} (weights sha256 {digest[:16]}..., {record['build_seconds']} s)")
+    return out_dir
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
+def read_record(model_dir: str | os.PathLike) -> dict[str, Any]:
+    """The build record of a starter directory."""
+    path = Path(model_dir) / RECORD_FILE
+    if not path.is_file():
+        raise StarterError(
+            f"{model_dir} has no {RECORD_FILE}: it is not a complete starter build; delete it and rebuild"
+        )
+    return json.loads(path.read_text())
+
+
+def starter_dir(root: str | os.PathLike | None = None) -> Path:
+    return paths.models_dir(paths.data_root(root)) / STARTER_NAME
+
+
+def ensure_starter(
+    root: str | os.PathLike | None = None,
+    config: StarterConfig | None = None,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """The starter under ``<data root>/models/maze-starter-v1``, built first if missing.
+
+    Concurrent callers (pipeline runs, test workers) wait on a file lock; exactly one
+    builds. A directory built with a different config is refused, never silently reused.
+    """
+    from filelock import FileLock
+
+    config = config or StarterConfig()
+    target = starter_dir(root)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target.parent / f".{target.name}.lock")):
+        if not target.exists():
+            log(f"starter: {target} is missing; building it (about 5-10 minutes on 2 cores)")
+            build_starter(target, config, log=log)
+    recorded = read_record(target).get("config")
+    if recorded != config.model_dump(mode="json"):
+        raise StarterError(
+            f"{target} was built with a different config ({recorded}); delete the directory to rebuild it with "
+            f"{config.model_dump(mode='json')}"
+        )
+    return target

@@ -1,0 +1,281 @@
+"""Warm-start of the starter: supervised imitation of the shortest-path solver.
+
+Data. One state per (maze, agent cell): the agent stands on any open cell, the context is
+the conversation an episode would have had walking there along the maze's unique path
+from the start (the task prompt, the solver's replies, the env's feedback, the frames
+kept by ``history_images``), and the answer is the solver's next action from that cell
+(``('stop', 'stop')`` on the target). Contexts are rendered by ``chat.render`` through the
+real processor and chat template, so the starter learns on exactly what the runner shows
+it. States whose walk already spends the move budget are left out.
+
+Why auxiliary losses. Plain imitation of a from-scratch 2 M-parameter Qwen3-VL stalls at
+"pick any open direction" (per-action accuracy ~0.42, no maze solved). Two linear heads on
+the text model's hidden states at the image positions after layer ``aux_layer`` break the
+plateau: one predicts for every cell the solver's next action from that cell (or "wall"),
+one predicts which cell the agent is on. Each is weighted ``aux_weight`` beside the answer
+loss; the heads are discarded afterwards, so the saved model is a plain Qwen3-VL.
+
+Loop: AdamW, linear warm-up then cosine decay, batches of ``batch_size`` states drawn
+from one seeded permutation per epoch, gradient clipping at 1.0.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from envs.evalset import EvalSet
+from envs.evalset import load as load_eval_set
+from envs.maze import DIRECTION_WORDS, DIRECTIONS, Layout, MazeEnv, action_text, solve_actions
+from mazerl.policy.chat import Conversation, end_of_turn_id, image_token_id, model_inputs, render
+
+WALL_CLASS = 5  # per-cell classes: 0-3 move, 4 stop (the target), 5 wall
+
+
+@dataclass(frozen=True)
+class State:
+    """One supervised example: a rendered context and the answer to learn."""
+
+    input_ids: list[int]
+    images: list[np.ndarray]
+    answer_ids: list[int]
+    cell_classes: np.ndarray  # (cells,) per-cell solver action or WALL_CLASS, row-major over the frame's grid
+    agent_cell: int  # row-major index of the agent's cell
+
+
+def training_mazes(eval_set: EvalSet, which: str) -> list[Layout]:
+    """The warm-start's mazes: the GRPO training pool (every maze outside the eval set), plus the eval set for 'all'."""
+    from mazerl.training.data import training_pool
+
+    world = _world_size(eval_set)
+    pool = [layout for _, layout in training_pool(eval_set, world - len(eval_set))]
+    return pool + list(eval_set.layouts) if which == "all" else pool
+
+
+def _world_size(eval_set: EvalSet) -> int:
+    """Distinct mazes of the eval set's world (7x7: 192 spanning trees x 4 corner pairs)."""
+    if eval_set.size != 7:
+        raise ValueError(
+            f"the warm-start enumerates the 7x7 world, but eval set {eval_set.name} is {eval_set.size}x{eval_set.size}; "
+            "build the starter for maze256-small-v1"
+        )
+    return 768
+
+
+def cell_classes(layout: Layout) -> np.ndarray:
+    """(H*W,) the solver's action from every open cell (STOP on the target), WALL_CLASS elsewhere."""
+    classes = np.full(layout.walls.shape, WALL_CLASS, dtype=np.int64)
+    for row, col in zip(*np.nonzero(layout.walls == 0), strict=True):
+        classes[row, col] = solve_actions(layout, start=(int(row), int(col)))[0]
+    return classes.reshape(-1)
+
+
+def _reply_ids(processor: Any, action: int, action_format: str) -> list[int]:
+    ids = processor.tokenizer(action_text(action, action_format), add_special_tokens=False)["input_ids"]
+    return list(ids) + [end_of_turn_id(processor)]
+
+
+def state_cells(layouts: list[Layout], max_moves: int) -> list[tuple[int, tuple[int, int], list[int]]]:
+    """(maze index, agent cell, walk from the start) of every state whose walk leaves a move to spare."""
+    cells = []
+    for maze, layout in enumerate(layouts):
+        for row, col in zip(*np.nonzero(layout.walls == 0), strict=True):
+            cell = (int(row), int(col))
+            walk = [] if cell == layout.agent else solve_actions(Layout(layout.walls, layout.agent, cell))[:-1]
+            if len(walk) + 1 <= max_moves:
+                cells.append((maze, cell, walk))
+    return cells
+
+
+def build_states(
+    processor: Any,
+    layouts: list[Layout],
+    cell_px: int,
+    max_moves: int,
+    action_format: str,
+    history_images: int | str,
+    max_states: int | None = None,
+    seed: int = 0,
+) -> list[State]:
+    """The states of ``layouts`` (a seeded subset of ``max_states`` if given), rendered through the chat template."""
+    cells = state_cells(layouts, max_moves)
+    if max_states is not None and max_states < len(cells):
+        chosen = np.random.default_rng([seed, 1]).permutation(len(cells))[:max_states]
+        cells = [cells[i] for i in sorted(chosen.tolist())]
+    replies = {action: _reply_ids(processor, action, action_format) for action in range(5)}
+    env = MazeEnv(size=layouts[0].size, max_moves=max_moves, action_format=action_format, cell_px=cell_px)
+    prompt = env.prompt()
+    classes = {maze: cell_classes(layouts[maze]) for maze in sorted({maze for maze, _, _ in cells})}
+    frames: dict[tuple[int, tuple[int, int]], np.ndarray] = {}
+
+    def frame_at(maze: int, cell: tuple[int, int]) -> np.ndarray:
+        if (maze, cell) not in frames:
+            layout = layouts[maze]
+            frames[maze, cell] = env.reset(layout=Layout(layout.walls, cell, layout.target))[0]
+        return frames[maze, cell]
+
+    states = []
+    for maze, cell, walk in cells:
+        layout = layouts[maze]
+        conversation = Conversation.start(prompt, frame_at(maze, layout.agent))
+        position = layout.agent
+        for action in walk:
+            position = (position[0] + DIRECTIONS[action][0], position[1] + DIRECTIONS[action][1])
+            conversation.add_reply(replies[action], action_text(action, action_format))
+            conversation.add_observation(f"Moved {DIRECTION_WORDS[action]}.", frame_at(maze, position))
+        assert position == cell, f"walk to {cell} ended at {position}"
+        input_ids, images = render(processor, conversation, history_images)
+        index = cell[0] * layout.walls.shape[1] + cell[1]
+        answer = int(classes[maze][index])
+        states.append(State(input_ids, images, replies[answer], classes[maze], index))
+    return states
+
+
+class AuxHeads(torch.nn.Module):
+    """Per-cell heads on image-token hidden states (discarded after the warm-start)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.cell_action = torch.nn.Linear(hidden, WALL_CLASS + 1)
+        self.agent = torch.nn.Linear(hidden, 1)
+
+
+def _cosine(step: int, total: int, warmup: int) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def batch_loss(
+    model: torch.nn.Module,
+    heads: AuxHeads,
+    processor: Any,
+    batch: list[State],
+    aux_weight: float,
+    captured: dict[str, torch.Tensor],
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Answer cross-entropy (+ the two auxiliary losses); also exact-match answer accuracy."""
+    sequences = [s.input_ids + s.answer_ids for s in batch]
+    inputs = model_inputs(processor, sequences, [s.images for s in batch], padding_side="left")
+    longest = max(len(s.answer_ids) for s in batch)
+    logits = model(**inputs, logits_to_keep=longest + 1).logits[:, :-1]  # (B, R, V)
+    targets = inputs["input_ids"][:, -longest:]  # (B, R)
+    lengths = torch.tensor([len(s.answer_ids) for s in batch])
+    mask = torch.arange(longest).unsqueeze(0) >= (longest - lengths).unsqueeze(1)  # (B, R)
+    token_loss = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, R)
+    answer_loss = (token_loss * mask).sum() / mask.sum()
+    correct = ((logits.argmax(-1) == targets) | ~mask).all(-1).float().mean()
+    metrics = {"answer_loss": answer_loss.item(), "answer_accuracy": correct.item()}
+    loss = answer_loss
+    if aux_weight > 0:
+        hidden = captured["hidden"]  # (B, T, H)
+        image_mask = inputs["input_ids"] == image_token_id(processor)  # (B, T), one frame per context
+        cells = batch[0].cell_classes.shape[0]
+        # The last frame of each context is the current one; its pads are the last `cells` image positions.
+        positions = [torch.nonzero(row).squeeze(-1)[-cells:] for row in image_mask]
+        image_hidden = torch.stack([hidden[b, p] for b, p in enumerate(positions)])  # (B, cells, H)
+        cell_targets = torch.from_numpy(np.stack([s.cell_classes for s in batch]))  # (B, cells)
+        cell_loss = F.cross_entropy(heads.cell_action(image_hidden).transpose(1, 2), cell_targets)
+        agent_targets = torch.tensor([s.agent_cell for s in batch])
+        agent_loss = F.cross_entropy(heads.agent(image_hidden).squeeze(-1), agent_targets)
+        loss = loss + aux_weight * (cell_loss + agent_loss)
+        metrics |= {"cell_loss": cell_loss.item(), "agent_loss": agent_loss.item()}
+    metrics["loss"] = loss.item()
+    return loss, metrics
+
+
+def warm_start(
+    model: torch.nn.Module,
+    processor: Any,
+    config: Any,
+    log: Callable[[str], None] = print,
+    on_checkpoint: Callable[[int, float], dict[str, float]] | None = None,
+    checkpoints: int = 0,
+) -> dict[str, Any]:
+    """Train ``model`` in place on solver imitation; returns the record for ``starter.json``.
+
+    ``on_checkpoint(step, epoch)``, called ``checkpoints`` times during training and once
+    at the end, may measure the model (e.g. greedy success); its numbers join the curve.
+    """
+    started = time.perf_counter()
+    eval_set = load_eval_set(config.eval_set)
+    layouts = training_mazes(eval_set, config.train_mazes)
+    states = build_states(
+        processor,
+        layouts,
+        eval_set.cell_px,
+        eval_set.max_moves,
+        config.action_format,
+        config.history_images,
+        config.max_states,
+        config.seed,
+    )
+    prepared = time.perf_counter() - started
+    steps = max(1, math.ceil(config.epochs * len(states) / config.batch_size))
+    log(
+        f"warm-start: {len(layouts)} mazes, {len(states)} states ({prepared:.1f} s to render), "
+        f"{steps} steps of {config.batch_size} ({config.epochs} epochs)"
+    )
+    heads = AuxHeads(model.config.text_config.hidden_size)
+    parameters = list(model.parameters()) + list(heads.parameters())
+    optimizer = torch.optim.AdamW(parameters, lr=config.learning_rate, weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _cosine(s, steps, config.warmup_steps))
+    captured: dict[str, torch.Tensor] = {}
+    layer = model.model.language_model.layers[config.aux_layer - 1]
+    hook = layer.register_forward_hook(lambda _m, _i, output: captured.__setitem__("hidden", output))
+    per_epoch = math.ceil(len(states) / config.batch_size)
+    log_every = max(1, steps // 20)
+    checkpoint_steps = {round(steps * (k + 1) / (checkpoints + 1)) for k in range(checkpoints)} | {steps}
+    curve: list[dict[str, float]] = []
+    window: list[dict[str, float]] = []
+    model.train()
+    try:
+        for step in range(steps):
+            epoch, offset = divmod(step, per_epoch)
+            permutation = np.random.default_rng([config.seed, 2, epoch]).permutation(len(states))
+            indices = permutation[offset * config.batch_size : (offset + 1) * config.batch_size]
+            loss, metrics = batch_loss(
+                model, heads, processor, [states[i] for i in indices], config.aux_weight, captured
+            )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+            optimizer.step()
+            scheduler.step()
+            window.append(metrics)
+            done = step + 1
+            if done % log_every == 0 or done in checkpoint_steps:
+                point = {
+                    "step": done,
+                    "epoch": round(done * config.batch_size / len(states), 3),
+                    "seconds": round(time.perf_counter() - started, 1),
+                    **{k: round(float(np.mean([m[k] for m in window])), 4) for k in window[0]},
+                }
+                window = []
+                if done in checkpoint_steps and on_checkpoint is not None:
+                    model.eval()
+                    point |= on_checkpoint(done, point["epoch"])
+                    model.train()
+                curve.append(point)
+                log("warm-start: " + ", ".join(f"{k} {v}" for k, v in point.items()))
+    finally:
+        hook.remove()
+        model.eval()
+    return {
+        "warm_start": {
+            "mazes": len(layouts),
+            "states": len(states),
+            "steps": steps,
+            "seconds": round(time.perf_counter() - started, 1),
+            "final_answer_accuracy": curve[-1]["answer_accuracy"],
+            "curve": curve,
+        }
+    }

@@ -1,0 +1,128 @@
+"""Prompt rendering (mazerl.policy.chat): token ids, image pads, history, model inputs."""
+
+import numpy as np
+import pytest
+
+from envs.maze import MazeEnv, action_text
+from mazerl.policy.chat import ChatError, Conversation, end_of_turn_id, image_token_id, model_inputs, render
+from mazerl.policy.loader import load_processor
+
+CELLS = 49  # 7x7 world at 16 px with 16 px patches and no merging: one image token per cell
+
+
+@pytest.fixture(scope="module")
+def processor(starter_model_dir):
+    return load_processor(starter_model_dir)
+
+
+def play(processor, turns: int, reply_eot: bool = True) -> tuple[Conversation, list[int]]:
+    """A conversation of ``turns`` solver moves on seed 3; returns it and each reply's ids."""
+    env = MazeEnv(size=7, cell_px=16, max_moves=50)
+    frame, _ = env.reset(seed=3)
+    conversation = Conversation.start(env.prompt(), frame)
+    replies = []
+    for _ in range(turns):
+        text = action_text(0)
+        ids = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = [*ids, end_of_turn_id(processor)] if reply_eot else ids
+        frame, _, _, _, info = env.step(text)
+        conversation.add_reply(ids, text)
+        conversation.add_observation(info["feedback"], frame)
+        replies.append(ids)
+    return conversation, replies
+
+
+def test_first_turn_is_the_template_with_one_frame_of_49_image_tokens(processor):
+    # given the task prompt and the first frame
+    conversation, _ = play(processor, 0)
+    # when it is rendered
+    ids, images = render(processor, conversation, history_images=1)
+    # then the ids are the chat template's text with the image pad expanded to one token per cell
+    assert len(images) == 1
+    assert ids.count(image_token_id(processor)) == CELLS, "expected 49 image tokens (one per maze cell)"
+    text = processor.tokenizer.decode(ids)
+    assert text.startswith("<|im_start|>user\nYou are in a 7x7 maze."), text[:60]
+    assert text.endswith("<|vision_end|><|im_end|>\n<|im_start|>assistant\n"), text[-60:]
+
+
+def test_with_all_images_each_context_extends_the_previous_context_and_reply(processor):
+    # given a conversation of 4 turns, rendered after each turn with every frame kept
+    conversation, replies = play(processor, 4)
+    contexts = []
+    for turns in range(5):
+        partial = Conversation(conversation.observations[: turns + 1], conversation.replies[:turns])
+        contexts.append(render(processor, partial, history_images="all")[0])
+    # then context t+1 starts with context t followed by reply t, token for token
+    for turn in range(4):
+        prefix = contexts[turn] + replies[turn]
+        assert contexts[turn + 1][: len(prefix)] == prefix, f"turn {turn + 1} does not extend turn {turn}"
+
+
+def test_a_reply_without_end_of_turn_is_closed_by_the_template(processor):
+    # given a reply cut off before its end-of-turn token
+    conversation, replies = play(processor, 1, reply_eot=False)
+    ids, _ = render(processor, conversation, history_images="all")
+    first, _ = render(processor, Conversation(conversation.observations[:1], []), history_images="all")
+    # then the reply's ids follow the first context and the template's <|im_end|> closes the turn
+    assert ids[len(first) : len(first) + len(replies[0])] == replies[0]
+    assert ids[len(first) + len(replies[0])] == end_of_turn_id(processor)
+
+
+@pytest.mark.parametrize(("history_images", "frames"), [(1, 1), (2, 2), (3, 3), ("all", 6), (10, 6)])
+def test_history_images_keeps_the_last_k_frames_and_the_text_of_older_turns(processor, history_images, frames):
+    # given 5 turns (6 observations)
+    conversation, _ = play(processor, 5)
+    # when rendered with the setting
+    ids, images = render(processor, conversation, history_images=history_images)
+    # then only the last K frames remain, in order, and every feedback text is still there
+    assert len(images) == frames
+    for got, observation in zip(images, conversation.observations[-frames:], strict=True):
+        assert np.array_equal(got, observation.frame)
+    assert ids.count(image_token_id(processor)) == CELLS * frames
+    text = processor.tokenizer.decode(ids)
+    for observation in conversation.observations[1:]:
+        assert observation.text in text
+
+
+@pytest.mark.parametrize("bad", [0, -1, "last", None, 1.5])
+def test_bad_history_images_is_refused_with_the_fix(processor, bad):
+    conversation, _ = play(processor, 0)
+    with pytest.raises(ChatError, match="history_images"):
+        render(processor, conversation, history_images=bad)
+
+
+def test_model_inputs_left_pads_and_marks_image_tokens(processor):
+    # given two contexts of different lengths
+    short, _ = play(processor, 0)
+    long, _ = play(processor, 3)
+    batch = [render(processor, short, 1), render(processor, long, "all")]
+    # when they become tensors
+    inputs = model_inputs(processor, [ids for ids, _ in batch], [images for _, images in batch])
+    # then rows are left-padded, masks are right, and pixel rows match the image tokens
+    lengths = [len(ids) for ids, _ in batch]
+    assert inputs["input_ids"].shape == (2, max(lengths))
+    assert inputs["attention_mask"].sum(1).tolist() == lengths
+    assert inputs["attention_mask"][0, -1] == 1 and inputs["attention_mask"][0, 0] == 0
+    assert inputs["input_ids"][0, -lengths[0] :].tolist() == batch[0][0]
+    assert inputs["mm_token_type_ids"].sum().item() == CELLS * 5
+    assert inputs["image_grid_thw"].tolist() == [[1, 7, 7]] * 5
+    assert inputs["pixel_values"].shape[0] == CELLS * 5
+
+
+def test_model_inputs_refuses_frames_that_do_not_match_the_image_tokens(processor):
+    conversation, _ = play(processor, 2)
+    ids, images = render(processor, conversation, "all")
+    with pytest.raises(ChatError, match="image tokens"):
+        model_inputs(processor, [ids], [images[:1]])
+
+
+def test_fifteen_frames_fit_the_model_context(processor, starter_model_dir):
+    # given the longest reference conversation: 15 turns, every frame kept
+    from transformers import AutoConfig
+
+    conversation, _ = play(processor, 14)
+    ids, images = render(processor, conversation, history_images="all")
+    limit = AutoConfig.from_pretrained(starter_model_dir).text_config.max_position_embeddings
+    # then it holds 15 frames and stays within the model's context
+    assert len(images) == 15
+    assert len(ids) < limit, f"{len(ids)} tokens exceed the context of {limit}"
