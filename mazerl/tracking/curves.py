@@ -1,0 +1,178 @@
+"""The learning curve of a run: success by training step, with the baseline and final eval marked.
+
+Sources: the train run's metric history in MLflow, or the ``metrics.jsonl`` the trainer
+writes next to its checkpoints (the local record, complete even when MLflow was down).
+Two series: ``train/success_rate`` (sampled rollouts of each step, noisy) and the greedy
+eval points (``eval/success_rate`` every ``eval_interval`` steps). A step logged twice (a
+step redone after a resume) keeps its last value.
+
+Outputs ``learning_curve.png`` (matplotlib, Agg: no display needed) and
+``learning_curve.md`` (a markdown table), and :func:`log_learning_curve` logs both.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+SAMPLED_KEY = "train/success_rate"
+GREEDY_KEY = "eval/success_rate"
+MAX_TABLE_ROWS = 40
+
+Series = list[tuple[int, float]]  # (step, value), ascending steps
+
+
+def _series(points: Iterable[tuple[int, float]]) -> Series:
+    by_step: dict[int, float] = {}
+    for step, value in points:  # later points win: a redone step replaces the first attempt
+        if value is not None and not math.isnan(float(value)):
+            by_step[int(step)] = float(value)
+    return sorted(by_step.items())
+
+
+def history_from_mlflow(
+    tracking_uri: str, run_id: str, keys: Sequence[str] = (SAMPLED_KEY, GREEDY_KEY)
+) -> dict[str, Series]:
+    """Per-step history of ``keys`` in a run (missing metrics give empty series)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    history = {}
+    for key in keys:
+        metrics = sorted(client.get_metric_history(run_id, key), key=lambda m: (m.timestamp, m.step))
+        history[key] = _series((m.step, m.value) for m in metrics)
+    return history
+
+
+def history_from_jsonl(path: str | os.PathLike, keys: Sequence[str] = (SAMPLED_KEY, GREEDY_KEY)) -> dict[str, Series]:
+    """Per-step history of ``keys`` in a ``metrics.jsonl`` (one ``{"step": N, key: value, ...}`` per line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"metrics_jsonl={str(path)!r} does not exist; the trainer writes it in its run directory"
+        )
+    points: dict[str, list[tuple[int, float]]] = {key: [] for key in keys}
+    lines = path.read_text().splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                continue  # a last line cut short by a crash
+            raise ValueError(f"{path}:{number} is not JSON; the metrics file is corrupt") from None
+        for key in keys:
+            if isinstance(row.get(key), int | float) and "step" in row:
+                points[key].append((row["step"], row[key]))
+    return {key: _series(values) for key, values in points.items()}
+
+
+def _pick_rows(steps: list[int], keep: set[int], limit: int) -> list[int]:
+    if len(steps) <= limit:
+        return steps
+    stride = math.ceil(len(steps) / limit)
+    return sorted(set(steps[::stride]) | keep | {steps[-1]})
+
+
+def curve_table(
+    history: Mapping[str, Series],
+    baseline: float | None = None,
+    final: float | None = None,
+    max_rows: int = MAX_TABLE_ROWS,
+) -> str:
+    """Markdown: baseline and final, then success by step (greedy eval steps always included)."""
+    sampled, greedy = dict(history.get(SAMPLED_KEY, [])), dict(history.get(GREEDY_KEY, []))
+    steps = sorted(set(sampled) | set(greedy))
+    lines = ["# Learning curve", ""]
+    if baseline is not None:
+        lines.append(f"- baseline eval (before training): **{baseline:.3f}**")
+    if final is not None:
+        delta = f" ({final - baseline:+.3f})" if baseline is not None else ""
+        lines.append(f"- final eval (merged model): **{final:.3f}**{delta}")
+    lines += ["", "| step | sampled success (train) | greedy eval success |", "| ---: | ---: | ---: |"]
+    for step in _pick_rows(steps, set(greedy), max_rows):
+        cells = [f"{sampled[step]:.3f}" if step in sampled else "", f"{greedy[step]:.3f}" if step in greedy else ""]
+        lines.append(f"| {step} | {cells[0]} | {cells[1]} |")
+    if not steps:
+        lines.append("| (no steps logged) | | |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_learning_curve(
+    history: Mapping[str, Series],
+    out_dir: str | os.PathLike,
+    baseline: float | None = None,
+    final: float | None = None,
+    title: str = "Success by training step",
+) -> tuple[Path, Path]:
+    """Write ``learning_curve.png`` and ``learning_curve.md`` into ``out_dir``; returns both paths."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sampled, greedy = list(history.get(SAMPLED_KEY, [])), list(history.get(GREEDY_KEY, []))
+    last_step = max([s for s, _ in sampled + greedy], default=0)
+    figure, axes = plt.subplots(figsize=(8, 4.5), dpi=110)
+    if sampled:
+        axes.plot(*zip(*sampled, strict=True), color="tab:blue", alpha=0.6, lw=1.2, label="sampled (train rollouts)")
+    if greedy:
+        axes.plot(*zip(*greedy, strict=True), "o-", color="tab:green", lw=1.8, label="greedy eval")
+    if baseline is not None:
+        axes.axhline(baseline, color="tab:gray", ls="--", lw=1, label=f"baseline {baseline:.3f}")
+        axes.plot([0], [baseline], "s", color="tab:gray", ms=8)
+    if final is not None:
+        axes.plot([last_step], [final], "*", color="tab:red", ms=16, label=f"final (merged) {final:.3f}")
+    axes.set_xlabel("training step")
+    axes.set_ylabel("success rate")
+    axes.set_ylim(-0.02, 1.02)
+    axes.set_xlim(-0.5, max(last_step, 1) + 0.5)
+    axes.grid(alpha=0.3)
+    axes.set_title(title)
+    axes.legend(loc="best", fontsize=8)
+    figure.tight_layout()
+    png, markdown = out_dir / "learning_curve.png", out_dir / "learning_curve.md"
+    for path, write in (
+        (png, lambda tmp: figure.savefig(tmp, format="png")),
+        (markdown, lambda tmp: tmp.write_text(curve_table(history, baseline, final))),
+    ):
+        tmp = path.with_name(f".{path.name}.tmp")
+        write(tmp)
+        os.replace(tmp, path)
+    plt.close(figure)
+    return png, markdown
+
+
+def log_learning_curve(
+    tracking_uri: str,
+    run_id: str,
+    out_dir: str | os.PathLike,
+    *,
+    train_run_id: str | None = None,
+    metrics_jsonl: str | os.PathLike | None = None,
+    baseline: float | None = None,
+    final: float | None = None,
+) -> tuple[Path, Path]:
+    """Plot from the train run's MLflow history (or ``metrics_jsonl``), write into ``out_dir``, log to ``run_id``.
+
+    ``metrics_jsonl`` wins when given (it is complete even when MLflow missed steps);
+    otherwise ``train_run_id`` (default: ``run_id``) is read from MLflow. The files land in
+    the run's artifacts under ``learning_curve/``.
+    """
+    from mlflow.tracking import MlflowClient
+
+    if metrics_jsonl is not None:
+        history = history_from_jsonl(metrics_jsonl)
+    else:
+        history = history_from_mlflow(tracking_uri, train_run_id or run_id)
+    png, markdown = plot_learning_curve(history, out_dir, baseline, final)
+    client = MlflowClient(tracking_uri)
+    for path in (png, markdown):
+        client.log_artifact(run_id, str(path), "learning_curve")
+    return png, markdown

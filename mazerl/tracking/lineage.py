@@ -1,0 +1,622 @@
+"""MLflow lineage of a pipeline run: the parent run, one child run per stage, params, inputs, reports.
+
+Every function takes the tracking URI and explicit run ids and talks to MLflow through
+``MlflowClient``: MLflow's "active run" is thread-local, and Prefect runs tasks on worker
+threads and Ray jobs in other processes, so nothing here relies on ``mlflow.start_run``.
+
+Layout (design section 5)::
+
+    experiment vlm-maze-grpo
+      pipeline                       tags prefect.flow_run_id, prefect.deployment, mlflow.source.git.commit
+        verify_cluster               child runs: tag mlflow.parentRunId = the pipeline run,
+        baseline_eval                created up front with status SCHEDULED; each stage marks
+        train                        its run RUNNING, then FINISHED or FAILED
+        merge_lora
+        final_eval
+
+A retry of a failed Prefect flow run calls :func:`start_pipeline_run` again with the same
+flow-run id and gets the same runs back (``reattached=True``), so metrics and artifacts
+of the retry land next to those of the first attempt.
+
+Embedded default store: ``sqlite:///<root>/mlflow.db`` with artifacts in ``<root>/mlartifacts``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import DatasetInput, InputTag, Param, RunStatus, RunTag, ViewType
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import MAX_ENTITY_KEY_LENGTH, MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
+
+from mazerl import paths
+from mazerl.tracking.secrets import SecretLeakError, find_secrets, redact, scrub_text
+
+DEFAULT_EXPERIMENT = "vlm-maze-grpo"
+PIPELINE_RUN_NAME = "pipeline"
+STAGES = ("verify_cluster", "baseline_eval", "train", "merge_lora", "final_eval")
+
+TAG_ROLE = "mazerl.role"  # "pipeline" or "stage"
+TAG_STAGE = "mazerl.stage"
+TAG_FLOW_RUN_ID = "prefect.flow_run_id"
+TAG_DEPLOYMENT = "prefect.deployment"
+TAG_GIT_COMMIT = "mlflow.source.git.commit"  # the key the MLflow UI shows as "Git commit"
+TAG_GIT_DIRTY = "mazerl.git_dirty"
+TAG_PARENT = "mlflow.parentRunId"
+TAG_EVAL_SET_SHA256 = "mazerl.eval_set.sha256"
+
+# summary.json key -> MLflow metric name; other numeric summary keys are logged as eval/<key>.
+EVAL_METRICS = {
+    "success_rate": "eval/success_rate",
+    "avg_moves": "eval/avg_moves",
+    "parse_failure_rate": "eval/parse_failure_rate",
+    "ci_low": "eval/success_ci_low",
+    "ci_high": "eval/success_ci_high",
+    "budget_ceiling": "eval/budget_ceiling",
+    "n": "eval/n_mazes",
+    "solved": "eval/solved",
+}
+REQUIRED_SUMMARY_KEYS = ("success_rate", "avg_moves", "parse_failure_rate")
+_TRUNCATED = "...[truncated]"
+_BAD_NAME_CHARS = re.compile(r"[^A-Za-z0-9_./\- ]")
+_TERMINAL = {"FINISHED", "FAILED", "KILLED"}
+_STATUSES = {RunStatus.to_string(status) for status in RunStatus.all_status()}
+
+
+class LineageError(RuntimeError):
+    """The MLflow store holds something that contradicts the run being recorded."""
+
+
+class EvalReportError(ValueError):
+    """An eval output directory that is missing files or fields."""
+
+
+@dataclass(frozen=True)
+class PipelineRuns:
+    """Ids of one pipeline run's MLflow runs; plain values, safe to pass between Prefect tasks."""
+
+    tracking_uri: str
+    experiment_id: str
+    parent_run_id: str
+    stage_run_ids: dict[str, str] = field(default_factory=dict)
+    reattached: bool = False
+
+    def run_id(self, stage: str) -> str:
+        if stage not in self.stage_run_ids:
+            raise KeyError(f"stage={stage!r} is not one of {list(self.stage_run_ids)}")
+        return self.stage_run_ids[stage]
+
+    def job_env(self, stage: str) -> dict[str, str]:
+        """Environment for a Ray job that logs into this stage's run (``mlflow`` reads these)."""
+        return {"MLFLOW_TRACKING_URI": self.tracking_uri, "MLFLOW_RUN_ID": self.run_id(stage)}
+
+
+# --------------------------------------------------------------------------------------
+# Store, experiment, runs
+# --------------------------------------------------------------------------------------
+
+
+def default_tracking_uri(root: str | os.PathLike | None = None) -> str:
+    """``sqlite:///<root>/mlflow.db`` for the data root (``$MAZERL_HOME`` or ``./.mazerl``)."""
+    return paths.mlflow_db_uri(paths.data_root(root))
+
+
+def default_artifact_location(tracking_uri: str, root: str | os.PathLike | None = None) -> str | None:
+    """Where a new experiment keeps artifacts: ``<root>/mlartifacts`` for a local store, the server's choice else."""
+    if tracking_uri.startswith(("http://", "https://", "databricks")):
+        return None
+    return paths.mlflow_artifacts_dir(paths.data_root(root)).as_uri()
+
+
+def client_for(tracking_uri: str) -> MlflowClient:
+    if tracking_uri.startswith("sqlite:///"):
+        Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+
+def ensure_experiment(tracking_uri: str, name: str = DEFAULT_EXPERIMENT, artifact_location: str | None = None) -> str:
+    """The id of experiment ``name``, created (with ``artifact_location``) or restored if needed."""
+    client = client_for(tracking_uri)
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        try:
+            return client.create_experiment(name, artifact_location=artifact_location)
+        except MlflowException:  # created by a concurrent caller in between
+            experiment = client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+    if experiment.lifecycle_stage == "deleted":
+        client.restore_experiment(experiment.experiment_id)
+    return experiment.experiment_id
+
+
+def git_commit(repo_dir: str | os.PathLike | None = None) -> tuple[str | None, bool]:
+    """(HEAD commit, working tree dirty) of the repository holding ``repo_dir``; (None, False) without git."""
+    repo_dir = Path(repo_dir) if repo_dir else Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo_dir, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=repo_dir,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None, False
+    return commit or None, bool(status.strip())
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _find_pipeline_run(client: MlflowClient, experiment_id: str, flow_run_id: str) -> Any | None:
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{TAG_FLOW_RUN_ID}` = {_quote(flow_run_id)} AND tags.`{TAG_ROLE}` = 'pipeline'",
+        run_view_type=ViewType.ACTIVE_ONLY,
+        order_by=["attributes.start_time ASC"],
+        max_results=10,
+    )
+    return runs[0] if runs else None
+
+
+def _stage_runs(client: MlflowClient, experiment_id: str, parent_run_id: str) -> dict[str, str]:
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{TAG_PARENT}` = {_quote(parent_run_id)}",
+        run_view_type=ViewType.ACTIVE_ONLY,
+        order_by=["attributes.start_time ASC"],
+        max_results=1000,
+    )
+    found: dict[str, str] = {}
+    for run in runs:
+        stage = run.data.tags.get(TAG_STAGE)
+        if stage in STAGES and stage not in found:
+            found[stage] = run.info.run_id
+    return found
+
+
+def _tag_value(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= MAX_TAG_VAL_LENGTH else text[: MAX_TAG_VAL_LENGTH - len(_TRUNCATED)] + _TRUNCATED
+
+
+def start_pipeline_run(
+    tracking_uri: str,
+    experiment: str = DEFAULT_EXPERIMENT,
+    run_name: str = PIPELINE_RUN_NAME,
+    tags: Mapping[str, object] | None = None,
+    params: Any = None,
+    *,
+    flow_run_id: str | None = None,
+    deployment: str | None = None,
+    artifact_location: str | None = None,
+    repo_dir: str | os.PathLike | None = None,
+) -> PipelineRuns:
+    """Create (or re-attach to) the parent run and its five stage runs; returns their ids.
+
+    With a ``flow_run_id`` that already has a pipeline run in ``experiment``, that run and
+    its stage runs are reused (missing stage runs are created, the parent is marked RUNNING
+    again). ``params`` (a pydantic model, dataclass or nested dict) are flattened, scrubbed
+    of secrets and logged on the parent; ``tags`` are scrubbed and set on the parent.
+    ``artifact_location`` applies only when the experiment is created here; by default it is
+    ``<data root>/mlartifacts`` for a local store.
+    """
+    if not run_name or not str(run_name).strip():
+        raise ValueError(f"run_name={run_name!r} must be a non-empty name for the parent run, e.g. 'pipeline'")
+    if artifact_location is None:
+        artifact_location = default_artifact_location(tracking_uri)
+    client = client_for(tracking_uri)
+    experiment_id = ensure_experiment(tracking_uri, experiment, artifact_location)
+    commit, dirty = git_commit(repo_dir)
+    run_tags = {
+        TAG_ROLE: "pipeline",
+        **({TAG_FLOW_RUN_ID: flow_run_id} if flow_run_id else {}),
+        **({TAG_DEPLOYMENT: deployment} if deployment else {}),
+        **({TAG_GIT_COMMIT: commit, TAG_GIT_DIRTY: str(dirty).lower()} if commit else {}),
+        **redact({str(key): value for key, value in (tags or {}).items()}),
+    }
+    existing = _find_pipeline_run(client, experiment_id, flow_run_id) if flow_run_id else None
+    if existing is not None:
+        parent_id = existing.info.run_id
+        client.update_run(parent_id, status="RUNNING")
+        stage_ids = _stage_runs(client, experiment_id, parent_id)
+    else:
+        parent_id = client.create_run(experiment_id, run_name=run_name, tags={TAG_ROLE: "pipeline"}).info.run_id
+        stage_ids = {}
+    client.log_batch(parent_id, tags=[RunTag(key, _tag_value(value)) for key, value in run_tags.items()])
+    for stage in STAGES:
+        if stage in stage_ids:
+            continue
+        stage_tags = {TAG_PARENT: parent_id, TAG_ROLE: "stage", TAG_STAGE: stage}
+        if flow_run_id:
+            stage_tags[TAG_FLOW_RUN_ID] = flow_run_id
+        run = client.create_run(experiment_id, run_name=stage, tags=stage_tags)
+        client.update_run(run.info.run_id, status="SCHEDULED")  # not started until its stage says so
+        stage_ids[stage] = run.info.run_id
+    if params is not None:
+        log_params(tracking_uri, parent_id, params)
+    return PipelineRuns(
+        tracking_uri=tracking_uri,
+        experiment_id=experiment_id,
+        parent_run_id=parent_id,
+        stage_run_ids={stage: stage_ids[stage] for stage in STAGES},
+        reattached=existing is not None,
+    )
+
+
+def set_run_status(tracking_uri: str, run_id: str, status: str) -> None:
+    """Mark a run RUNNING, FINISHED, FAILED, KILLED or SCHEDULED (terminal states set the end time)."""
+    status = status.upper()
+    if status not in _STATUSES:
+        raise ValueError(f"status={status!r} is not an MLflow run status; use one of {sorted(_STATUSES)}")
+    client = client_for(tracking_uri)
+    if status in _TERMINAL:
+        client.set_terminated(run_id, status=status)
+    else:
+        client.update_run(run_id, status=status)
+
+
+@contextlib.contextmanager
+def stage_run(tracking_uri: str, run_id: str) -> Iterator[str]:
+    """``with stage_run(uri, run_id):`` marks the run RUNNING, then FINISHED, or FAILED on an exception."""
+    set_run_status(tracking_uri, run_id, "RUNNING")
+    try:
+        yield run_id
+    except BaseException:
+        set_run_status(tracking_uri, run_id, "FAILED")
+        raise
+    set_run_status(tracking_uri, run_id, "FINISHED")
+
+
+# --------------------------------------------------------------------------------------
+# Params
+# --------------------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    """Pydantic models and dataclasses -> dicts; everything else unchanged."""
+    if hasattr(value, "model_dump") and callable(value.model_dump):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
+
+
+def _param_key(key: str) -> str:
+    key = _BAD_NAME_CHARS.sub("_", key)
+    return key[:MAX_ENTITY_KEY_LENGTH]
+
+
+def _param_value(value: Any) -> str:
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, bool) or value is None or isinstance(value, int | float):
+        text = str(value)
+    elif isinstance(value, os.PathLike):
+        text = os.fspath(value)
+    else:
+        text = json.dumps(value, default=str, sort_keys=True)
+    if len(text) > MAX_PARAM_VAL_LENGTH:
+        text = text[: MAX_PARAM_VAL_LENGTH - len(_TRUNCATED)] + _TRUNCATED
+    return text
+
+
+def flatten_params(values: Any, prefix: str = "") -> dict[str, str]:
+    """Nested pydantic models, dataclasses and dicts -> ``{"a.b.c": "value"}`` within MLflow's limits.
+
+    Lists of plain values stay one JSON-valued param; lists holding dicts are expanded by
+    index (``a.0.b``). Keys keep letters, digits and ``_ . / - space`` (others become ``_``);
+    values longer than MLflow's 6000 characters end in ``...[truncated]``. Not yet redacted:
+    :func:`log_params` does that.
+    """
+    values = _plain(values)
+    out: dict[str, str] = {}
+    if isinstance(values, Mapping):
+        items = values.items()
+    elif isinstance(values, list | tuple) and any(isinstance(_plain(v), Mapping) for v in values):
+        items = enumerate(values)
+    else:
+        if not prefix:
+            raise TypeError(f"params must be a mapping, pydantic model or dataclass, not {type(values).__name__}")
+        return {_param_key(prefix): _param_value(values)}
+    for key, value in items:
+        name = f"{prefix}.{key}" if prefix else str(key)
+        value = _plain(value)
+        if isinstance(value, Mapping) and value:
+            out |= flatten_params(value, name)
+        elif isinstance(value, list | tuple) and any(isinstance(_plain(v), Mapping) for v in value):
+            out |= flatten_params(list(value), name)
+        else:
+            out[_param_key(name)] = _param_value(value)
+    return out
+
+
+def log_params(tracking_uri: str, run_id: str, params: Any, prefix: str = "") -> dict[str, str]:
+    """Flatten, redact and log ``params`` on a run; returns what was logged.
+
+    Params that the run already holds with the same value are skipped (a retried task
+    logs the same config again); a different value is a :class:`LineageError`, because a
+    run whose config changed half-way cannot be compared with anything.
+    """
+    flat = redact(flatten_params(params, prefix))
+    client = client_for(tracking_uri)
+    existing = client.get_run(run_id).data.params
+    conflicts = {
+        key: (existing[key], value) for key, value in flat.items() if key in existing and existing[key] != value
+    }
+    if conflicts:
+        listed = "; ".join(f"{key}: logged {old!r}, now {new!r}" for key, (old, new) in list(conflicts.items())[:5])
+        raise LineageError(
+            f"run {run_id} already holds different values for {len(conflicts)} param(s) ({listed}); "
+            "a retry must use the parameters of the first attempt, or start a new flow run"
+        )
+    new = [Param(key, value) for key, value in flat.items() if key not in existing]
+    for start in range(0, len(new), 100):  # MLflow's per-request param limit
+        client.log_batch(run_id, params=new[start : start + 100])
+    return flat
+
+
+# --------------------------------------------------------------------------------------
+# Artifacts (scrubbed)
+# --------------------------------------------------------------------------------------
+
+
+def log_text_artifact(tracking_uri: str, run_id: str, path: str | os.PathLike, artifact_path: str | None = None) -> str:
+    """Log one text file with secrets scrubbed from its content; returns the artifact's relative path."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"path={str(path)!r} does not exist; nothing to log")
+    text = scrub_text(path.read_text(errors="replace"))
+    with tempfile.TemporaryDirectory(prefix="mazerl-artifact-") as staging:
+        staged = Path(staging) / path.name
+        staged.write_text(text)
+        client_for(tracking_uri).log_artifact(run_id, str(staged), artifact_path)
+    return f"{artifact_path}/{path.name}" if artifact_path else path.name
+
+
+def log_dir_artifacts(
+    tracking_uri: str, run_id: str, local_dir: str | os.PathLike, artifact_path: str | None = None
+) -> None:
+    """Log a directory as is, after checking that none of its text files holds a credential."""
+    local_dir = Path(local_dir)
+    leaks = find_secrets(p for p in local_dir.rglob("*") if p.is_file())
+    if leaks:
+        raise SecretLeakError(
+            f"refusing to log {local_dir} to MLflow: {'; '.join(leaks[:5])}; remove the credential from the files"
+        )
+    client_for(tracking_uri).log_artifacts(run_id, str(local_dir), artifact_path)
+
+
+def log_config_file(tracking_uri: str, run_id: str, path: str | os.PathLike, artifact_path: str = "config") -> str:
+    """Log the resolved training config file (secrets scrubbed) under ``config/``."""
+    return log_text_artifact(tracking_uri, run_id, path, artifact_path)
+
+
+def artifact_uri(tracking_uri: str, run_id: str, artifact_path: str) -> str:
+    """The absolute URI of an artifact of a run (what the model registry wants as a version's source)."""
+    base = client_for(tracking_uri).get_run(run_id).info.artifact_uri.rstrip("/")
+    return f"{base}/{artifact_path.strip('/')}"
+
+
+# --------------------------------------------------------------------------------------
+# Eval set and eval reports
+# --------------------------------------------------------------------------------------
+
+
+def _load_eval_set(eval_set: str | os.PathLike) -> tuple[Any, Path]:
+    from envs import evalset
+
+    candidate = Path(eval_set)
+    if candidate.suffix == ".json" and candidate.is_file():
+        return evalset.load_file(candidate), candidate.resolve()
+    loaded = evalset.load(str(eval_set))
+    return loaded, evalset.path_for(loaded.name).resolve()
+
+
+def log_eval_set(tracking_uri: str, run_id: str, eval_set: str | os.PathLike, context: str = "eval") -> str:
+    """Log an eval set (name or JSON file; its digest is checked on load) as an MLflow dataset input.
+
+    The dataset's digest field holds the first 36 hex digits of our SHA-256 (MLflow's
+    limit); the whole digest is the input tag ``mazerl.sha256`` and the run tag
+    ``mazerl.eval_set.sha256``. Returns the full digest.
+    """
+    import mlflow.data
+    import pandas as pd
+
+    from envs.maze import optimal_moves
+
+    loaded, source_path = _load_eval_set(eval_set)
+    frame = pd.DataFrame(
+        {
+            "index": list(range(len(loaded))),
+            "seed": [int(seed) for seed in loaded.seeds],
+            "size": [layout.size for layout in loaded.layouts],
+            "optimal_moves": [optimal_moves(layout) for layout in loaded.layouts],
+            "layout": [layout.to_text() for layout in loaded.layouts],
+        }
+    )
+    with warnings.catch_warnings():  # MLflow's hints about integer columns and ambiguous local sources
+        warnings.simplefilter("ignore", UserWarning)
+        dataset = mlflow.data.from_pandas(frame, source=str(source_path), name=loaded.name, digest=loaded.digest[:36])
+        entity = dataset._to_mlflow_entity()
+    client = client_for(tracking_uri)
+    client.log_inputs(
+        run_id,
+        datasets=[
+            DatasetInput(
+                entity,
+                tags=[InputTag("mlflow.data.context", context), InputTag("mazerl.sha256", loaded.digest)],
+            )
+        ],
+    )
+    client.set_tag(run_id, TAG_EVAL_SET_SHA256, loaded.digest)
+    return loaded.digest
+
+
+def read_eval_report(eval_dir: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(summary, per-maze rows) of an eval output directory (``summary.json`` + ``results.jsonl``)."""
+    eval_dir = Path(eval_dir)
+    summary_path, results_path = eval_dir / "summary.json", eval_dir / "results.jsonl"
+    for path in (summary_path, results_path):
+        if not path.is_file():
+            raise EvalReportError(
+                f"eval_dir={str(eval_dir)!r} has no {path.name}; pass the directory the eval stage wrote "
+                "(it holds summary.json and results.jsonl)"
+            )
+    try:
+        summary = json.loads(summary_path.read_text())
+        rows = [json.loads(line) for line in results_path.read_text().splitlines() if line.strip()]
+    except json.JSONDecodeError as exc:
+        raise EvalReportError(f"eval_dir={str(eval_dir)!r}: unreadable JSON ({exc}); rerun the eval stage") from exc
+    missing = [key for key in REQUIRED_SUMMARY_KEYS if not isinstance(summary.get(key), int | float)]
+    if missing:
+        raise EvalReportError(f"{summary_path} lacks numeric {', '.join(missing)}; rerun the eval stage")
+    return summary, rows
+
+
+def _metric_name(key: str, prefix: str) -> str:
+    return EVAL_METRICS.get(key, f"eval/{key}").replace("eval/", f"{prefix}/", 1)
+
+
+def eval_metrics(summary: Mapping[str, Any], prefix: str = "eval") -> dict[str, float]:
+    """The numeric fields of a summary under their MLflow names (``eval/success_rate``, ...)."""
+    return {
+        _metric_name(_BAD_NAME_CHARS.sub("_", key), prefix): float(value)
+        for key, value in summary.items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }
+
+
+def _table_rows(rows: list[dict[str, Any]]) -> dict[str, list]:
+    """Column-wise table for ``log_table``; nested values become JSON text so every cell is a scalar."""
+    columns: list[str] = []
+    for row in rows:
+        columns += [key for key in row if key not in columns]
+    table: dict[str, list] = {column: [] for column in columns}
+    for row in rows:
+        for column in columns:
+            value = row.get(column)
+            table[column].append(
+                value if value is None or isinstance(value, str | int | float | bool) else json.dumps(value)
+            )
+    return table
+
+
+def log_eval_report(
+    tracking_uri: str,
+    run_id: str,
+    eval_dir: str | os.PathLike,
+    *,
+    step: int = 0,
+    prefix: str = "eval",
+    log_gifs: bool = True,
+) -> dict[str, float]:
+    """Log an eval output directory on a run; returns the metrics logged.
+
+    Metrics: ``eval/success_rate``, ``eval/avg_moves``, ``eval/parse_failure_rate``,
+    ``eval/success_ci_low``/``_high``, ``eval/budget_ceiling``, ``eval/n_mazes`` (and any
+    other numeric summary field as ``eval/<key>``) at ``step``. Artifacts: the per-maze
+    table ``eval/results.json`` (``log_table``, shown in the MLflow UI's evaluation view),
+    ``eval/summary.json`` and ``eval/results.jsonl`` (scrubbed), and the episode GIFs under
+    ``eval/gifs/``.
+    """
+    from mlflow.entities import Metric
+
+    summary, rows = read_eval_report(eval_dir)
+    eval_dir = Path(eval_dir)
+    metrics = eval_metrics(summary, prefix)
+    now_ms = int(time.time() * 1000)
+    client = client_for(tracking_uri)
+    client.log_batch(run_id, metrics=[Metric(key, value, now_ms, step) for key, value in metrics.items()])
+    if rows:
+        client.log_table(run_id, data=_table_rows(rows), artifact_file=f"{prefix}/results.json")
+    for name in ("summary.json", "results.jsonl"):
+        log_text_artifact(tracking_uri, run_id, eval_dir / name, prefix)
+    if log_gifs:
+        gifs = sorted(eval_dir.rglob("*.gif"))
+        for gif in gifs:
+            relative = gif.parent.relative_to(eval_dir).as_posix().removeprefix(".").removeprefix("gifs").strip("/")
+            folder = f"{prefix}/gifs/{relative}" if relative else f"{prefix}/gifs"
+            client.log_artifact(run_id, str(gif), folder)
+    return metrics
+
+
+# --------------------------------------------------------------------------------------
+# The merged model
+# --------------------------------------------------------------------------------------
+
+MERGED_MODEL_ARTIFACT = "merged_model"
+MERGED_POINTER_ARTIFACT = "merged_model_pointer"
+POINTER_FILE = "pointer.json"
+
+
+@dataclass(frozen=True)
+class LoggedModel:
+    """Where the merged model went: ``source`` is the artifact URI to register as a model version."""
+
+    source: str
+    uploaded: bool  # False: only a pointer file to ``local_path`` was logged
+    local_path: str
+    size_mb: float
+
+
+def _dir_size_mb(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
+
+
+def log_merged_model(
+    tracking_uri: str, run_id: str, merged_dir: str | os.PathLike, max_artifact_mb: float = 512.0
+) -> LoggedModel:
+    """Log the merged directory as artifact ``merged_model/``, or above ``max_artifact_mb`` a pointer to it.
+
+    The pointer (``merged_model_pointer/pointer.json``: path, size, merge record) is for
+    large models on shared storage, which a tracking server should not copy. The merge
+    record's proofs are logged as ``merge/*`` metrics either way.
+    """
+    from mlflow.entities import Metric
+
+    merged_dir = Path(merged_dir).resolve()
+    if not (merged_dir / "config.json").is_file():
+        raise FileNotFoundError(f"merged_dir={str(merged_dir)!r} is not a model directory (no config.json)")
+    if max_artifact_mb < 0:
+        raise ValueError(f"max_artifact_mb={max_artifact_mb} must be >= 0 (0: always log a pointer)")
+    size_mb = _dir_size_mb(merged_dir)
+    client = client_for(tracking_uri)
+    record_path = merged_dir / "merge_record.json"
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    numeric = {
+        f"merge/{key}": float(value)
+        for key, value in record.items()
+        if isinstance(value, int | float) and not isinstance(value, bool) and key != "checkpoint_step"
+    }
+    now_ms = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric(key, value, now_ms, 0) for key, value in numeric.items()])
+    if size_mb <= max_artifact_mb:
+        log_dir_artifacts(tracking_uri, run_id, merged_dir, MERGED_MODEL_ARTIFACT)
+        return LoggedModel(artifact_uri(tracking_uri, run_id, MERGED_MODEL_ARTIFACT), True, str(merged_dir), size_mb)
+    pointer = {"path": str(merged_dir), "size_mb": round(size_mb, 1), "merge_record": record}
+    with tempfile.TemporaryDirectory(prefix="mazerl-pointer-") as staging:
+        path = Path(staging) / POINTER_FILE
+        path.write_text(scrub_text(json.dumps(pointer, indent=2)) + "\n")
+        client.log_artifact(run_id, str(path), MERGED_POINTER_ARTIFACT)
+    client.set_tag(run_id, "mazerl.merged_model_path", str(merged_dir))
+    return LoggedModel(artifact_uri(tracking_uri, run_id, MERGED_POINTER_ARTIFACT), False, str(merged_dir), size_mb)

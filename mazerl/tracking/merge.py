@@ -1,0 +1,525 @@
+"""Fold a trained LoRA adapter into its base model, prove the result, and save a complete HF directory.
+
+The merged directory is what final eval, vLLM and the model registry get, so a silent
+mistake here (an adapter that did not load, a merge into the wrong modules, weights saved
+in a form that reloads differently) would poison everything after it. The merge therefore
+proves itself and raises :class:`MergeError` when any proof fails:
+
+1. weights: every tensor of the merged model equals the base's bit for bit, except the
+   ``<module>.weight`` of each LoRA-adapted module whose delta is non-zero; for those,
+   ``W_merged @ v == W_base @ v + delta @ v`` on a random vector ``v`` (the change is the
+   adapter's ``scale * B @ A``, no more, no less).
+2. logits: on a probe batch (two real maze contexts through ``mazerl.policy.chat``: a
+   first turn, and a second turn after one reply with its feedback and next frame, so
+   two images, left padding and a spliced reply are exercised) the merged model's logits
+   equal the unmerged base+adapter logits within ``atol + rtol * max|logits|``.
+3. reload: the saved directory, loaded back with ``mazerl.policy.loader.load_policy``,
+   reproduces the merged logits (bit-exact when saved in float32; within the rounding of
+   the save dtype otherwise).
+
+The proofs run in float32 (``proof_dtype``) whatever the checkpoint's dtype; the
+directory is saved in the base model's own dtype (bfloat16 for Qwen3-VL releases,
+float32 for the starter) unless ``save_dtype`` says otherwise. Memory: one float32 copy of
+the model plus a few vectors per adapted module; the reload happens after it is freed.
+
+The adapter is the one the checkpoint marker names (:func:`merge_lora`); an explicit
+adapter directory can be merged with :func:`merge_adapter`. Output is built in a temporary
+sibling directory and renamed into place; a merge of the same base and adapter that is
+already in place is reused (a retried task does no work).
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from envs.evalset import EMBEDDED_EVAL_SET
+from mazerl.fingerprint import model_fingerprint
+from mazerl.training import checkpoints
+
+MERGE_RECORD = "merge_record.json"
+# Files of the base directory that the merged one must not inherit: weights (rewritten)
+# and the starter's build record (its weights digest describes the base, not the merge).
+_NOT_COPIED_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
+_NOT_COPIED_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json", "starter.json", MERGE_RECORD)
+# Default logits tolerance (atol, rtol of max |logits|) by the dtype the comparison runs in.
+TOLERANCES = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (5e-2, 2e-2), torch.float16: (2e-2, 1e-2)}
+
+
+class MergeError(RuntimeError):
+    """The adapter cannot be merged, or the merged model failed one of its proofs."""
+
+
+@dataclass(frozen=True)
+class MergeReport:
+    """What was merged and how well each proof held (plain values; written as ``merge_record.json``)."""
+
+    merged_dir: str
+    base_model_dir: str
+    adapter_dir: str
+    checkpoint_step: int | None
+    base_fingerprint: str
+    adapter_sha256: str
+    lora_modules: int  # modules carrying a LoRA adapter
+    changed_tensors: int  # tensors whose values the merge changed (adapted modules with a non-zero delta)
+    unchanged_tensors: int
+    noop_adapter: bool  # every LoRA delta is zero (e.g. no update was ever applied): merged == base
+    weight_delta_max_error: float  # max |W_merged v - (W_base v + delta v)| over adapted modules
+    logits_max_abs_diff: float  # merged vs base+adapter on the probe batch
+    reload_max_abs_diff: float  # saved directory reloaded vs merged
+    adapter_effect: float  # base+adapter vs base: how much the adapter changes the logits
+    logits_tolerance: float
+    reload_tolerance: float
+    probe_tokens: int
+    proof_dtype: str
+    save_dtype: str
+    size_mb: float
+    seconds: float
+    reused: bool = False
+
+    def summary(self) -> str:
+        step = f" (checkpoint step {self.checkpoint_step})" if self.checkpoint_step is not None else ""
+        return (
+            f"merged {self.lora_modules} LoRA modules{step} into {self.merged_dir}: {self.changed_tensors} tensors "
+            f"changed, logits |merged - base+adapter| {self.logits_max_abs_diff:.2e} <= {self.logits_tolerance:.2e}, "
+            f"reload {self.reload_max_abs_diff:.2e}, adapter effect {self.adapter_effect:.3f}, {self.size_mb:.1f} MB"
+            + (" (reused)" if self.reused else "")
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------------------
+
+
+def resolve_adapter(checkpoints_dir: str | os.PathLike) -> tuple[Path, int, dict[str, Any]]:
+    """(adapter dir, step, trainer state) of the checkpoint the marker names, or a MergeError saying why not."""
+    root = Path(checkpoints_dir)
+    if not root.is_dir():
+        raise MergeError(
+            f"checkpoints_dir={str(root)!r} does not exist: the train stage wrote no checkpoint there; "
+            "run the train stage (or pass the run's checkpoints directory)"
+        )
+    marker = root / checkpoints.MARKER
+    try:
+        checkpoint = checkpoints.latest(root)
+    except checkpoints.CheckpointError as exc:
+        raise MergeError(f"the adapter named by the checkpoint marker {marker} is unusable: {exc}") from exc
+    if checkpoint is None:
+        raise MergeError(
+            f"no checkpoint marker {marker}: training completed no checkpoint, so there is no adapter to merge; "
+            "rerun the train stage"
+        )
+    try:
+        state = checkpoints.load_trainer_state(checkpoint)
+    except Exception as exc:  # a truncated or foreign trainer_state.pt
+        raise MergeError(
+            f"{checkpoint.path / checkpoints.TRAINER_STATE} (step {checkpoint.step}, named by {marker}) cannot be "
+            f"read ({type(exc).__name__}: {exc})"
+        ) from exc
+    return checkpoint.adapter_dir, checkpoint.step, state
+
+
+def read_adapter_config(adapter_dir: Path) -> dict[str, Any]:
+    """The adapter's config, checked for what a LoRA merge needs (else a MergeError naming the field)."""
+    path = adapter_dir / "adapter_config.json"
+    if not adapter_dir.is_dir():
+        raise MergeError(f"adapter_dir={str(adapter_dir)!r} does not exist; pass a checkpoint's policy/lora_adapter")
+    for required in ("adapter_config.json", "adapter_model.safetensors"):
+        if not (adapter_dir / required).is_file():
+            raise MergeError(f"adapter_dir={str(adapter_dir)!r} lacks {required}; it is not a complete PEFT adapter")
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise MergeError(f"{path} is not valid JSON ({exc}); the adapter is corrupt: use another checkpoint") from exc
+    if not isinstance(config, dict):
+        raise MergeError(f"{path} holds {type(config).__name__}, not a JSON object; the adapter is corrupt")
+    problems = []
+    if config.get("peft_type") != "LORA":
+        problems.append(f"peft_type is {config.get('peft_type')!r}, not 'LORA'")
+    rank = config.get("r")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        problems.append(f"r is {rank!r}, not a positive integer")
+    if not config.get("target_modules"):
+        problems.append("target_modules is empty")
+    if problems:
+        raise MergeError(f"{path} is not a usable LoRA config: {'; '.join(problems)}")
+    return config
+
+
+def _sha256_files(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as handle:
+            for block in iter(lambda h=handle: h.read(2**22), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def adapter_digest(adapter_dir: Path) -> str:
+    return _sha256_files([adapter_dir / "adapter_config.json", adapter_dir / "adapter_model.safetensors"])
+
+
+# --------------------------------------------------------------------------------------
+# Probe batch and logits
+# --------------------------------------------------------------------------------------
+
+
+def probe_contexts(processor: Any, eval_set: str = EMBEDDED_EVAL_SET) -> tuple[list[list[int]], list[list[np.ndarray]]]:
+    """Two real maze contexts: maze 0's first turn, and maze 1's second turn after one move."""
+    from envs import evalset
+    from envs.maze import MazeEnv, action_text
+    from mazerl.policy.chat import Conversation, end_of_turn_id, render
+
+    loaded = evalset.load(eval_set)
+    env = MazeEnv(size=loaded.size, max_moves=loaded.max_moves, cell_px=loaded.cell_px)
+    frame, _ = env.reset(layout=loaded.layouts[0])
+    first = Conversation.start(env.prompt(), frame)
+    frame, _ = env.reset(layout=loaded.layouts[1 % len(loaded)])
+    second = Conversation.start(env.prompt(), frame)
+    reply = action_text(3)
+    reply_ids = processor.tokenizer(reply, add_special_tokens=False)["input_ids"] + [end_of_turn_id(processor)]
+    second.add_reply(reply_ids, reply)
+    frame, _, _, _, info = env.step(reply)
+    second.add_observation(info["feedback"], frame)
+    contexts = [render(processor, conversation, history_images="all") for conversation in (first, second)]
+    return [ids for ids, _ in contexts], [images for _, images in contexts]
+
+
+@torch.no_grad()
+def probe_logits(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Float32 logits at the attended positions of the probe batch, flattened to (tokens, vocab) on CPU."""
+    device = next(model.parameters()).device
+    batch = {key: value.to(device) for key, value in inputs.items()}
+    logits = model(**batch).logits  # (B, T, V)
+    return logits[batch["attention_mask"].bool()].float().cpu()
+
+
+def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max())
+
+
+# --------------------------------------------------------------------------------------
+# Weight proof
+# --------------------------------------------------------------------------------------
+
+
+def tensor_digests(model: torch.nn.Module) -> dict[str, str]:
+    """Per-tensor digest of the state dict, so "unchanged" means bit-identical without keeping a copy."""
+    digests = {}
+    for name, tensor in model.state_dict().items():
+        data = tensor.detach().contiguous().cpu()
+        digests[name] = hashlib.blake2b(data.view(torch.uint8).numpy().tobytes(), digest_size=16).hexdigest()
+    return digests
+
+
+@dataclass
+class _LoraProbe:
+    weight_key: str  # the merged model's state-dict key of the adapted weight
+    vector: torch.Tensor  # (in,)
+    base_proj: torch.Tensor  # W_base @ v, (out,)
+    delta_proj: torch.Tensor  # delta @ v, (out,)
+    nonzero: bool
+
+
+def lora_probes(peft_model: torch.nn.Module, seed: int = 0) -> list[_LoraProbe]:
+    """For every LoRA-adapted linear layer: W_base v and delta v on a seeded random v."""
+    from peft.tuners.lora import LoraLayer
+
+    generator = torch.Generator().manual_seed(seed)
+    probes = []
+    for name, module in peft_model.named_modules():
+        if not isinstance(module, LoraLayer) or not module.active_adapters:
+            continue
+        adapter = module.active_adapters[0]
+        base = module.get_base_layer()
+        if adapter not in getattr(module, "lora_A", {}) or not hasattr(base, "weight"):
+            raise MergeError(f"module {name} carries an adapter type the merge proof does not know ({type(base)})")
+        weight = base.weight  # (out, in)
+        delta = module.get_delta_weight(adapter)  # (out, in), scale * B @ A
+        vector = torch.randn(weight.shape[1], generator=generator).to(weight.device, weight.dtype)
+        key = name.removeprefix("base_model.model.") + ".weight"
+        probes.append(
+            _LoraProbe(key, vector, (weight @ vector).cpu(), (delta @ vector).cpu(), bool(delta.abs().max() > 0))
+        )
+    if not probes:
+        raise MergeError("the adapter attached to no module of the base model; it was trained for another model")
+    return probes
+
+
+def check_weights(
+    merged: torch.nn.Module, before: dict[str, str], probes: list[_LoraProbe], atol: float, rtol: float
+) -> tuple[int, int, float]:
+    """(changed tensors, unchanged tensors, max delta error); MergeError when any tensor changed wrongly."""
+    after = tensor_digests(merged)
+    if set(after) != set(before):
+        extra, missing = sorted(set(after) - set(before)), sorted(set(before) - set(after))
+        raise MergeError(
+            f"the merged model's tensors differ from the base's by name (new {extra[:5]}, missing {missing[:5]}); "
+            "merge_and_unload left adapter modules behind or dropped weights"
+        )
+    changed = {name for name in after if after[name] != before[name]}
+    expected = {probe.weight_key for probe in probes if probe.nonzero}
+    unexpected, unchanged = sorted(changed - expected), sorted(expected - changed)
+    if unexpected:
+        raise MergeError(f"the merge changed tensors that LoRA does not adapt: {unexpected[:10]}")
+    if unchanged:
+        raise MergeError(
+            f"the merge left adapted weights unchanged although their LoRA delta is non-zero: {unchanged[:10]} "
+            "(a delta too small for the weight's dtype, or the adapter was not applied)"
+        )
+    state = merged.state_dict()
+    worst = 0.0
+    for probe in probes:
+        weight = state[probe.weight_key]
+        merged_proj = (weight @ probe.vector.to(weight.device, weight.dtype)).cpu()
+        expected_proj = probe.base_proj + probe.delta_proj
+        error = _max_abs(merged_proj, expected_proj)
+        limit = atol + rtol * float(expected_proj.abs().max())
+        if error > limit:
+            raise MergeError(
+                f"{probe.weight_key}: W_merged v differs from W_base v + delta v by {error:.3e} (> {limit:.3e}); "
+                "the merged weight is not base + scale * B @ A"
+            )
+        worst = max(worst, error)
+    return len(changed), len(after) - len(changed), worst
+
+
+# --------------------------------------------------------------------------------------
+# The merge
+# --------------------------------------------------------------------------------------
+
+
+def _dtype(value: str | torch.dtype) -> torch.dtype:
+    dtype = getattr(torch, value, None) if isinstance(value, str) else value
+    if not isinstance(dtype, torch.dtype):
+        raise MergeError(f"dtype {value!r} is not a torch dtype; use 'float32', 'bfloat16' or 'float16'")
+    return dtype
+
+
+def stored_dtype(model_dir: Path) -> torch.dtype:
+    """The dtype the base model's config says its weights are stored in (float32 if unstated)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    name = config.get("dtype") or config.get("torch_dtype") or config.get("text_config", {}).get("dtype")
+    return _dtype(name) if name else torch.float32
+
+
+def _dir_size_mb(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
+
+
+def _reusable(out_dir: Path, base_fingerprint: str, adapter_sha: str) -> MergeReport | None:
+    record = out_dir / MERGE_RECORD
+    if not record.is_file():
+        return None
+    try:
+        data = json.loads(record.read_text())
+        report = MergeReport(**data)
+    except (json.JSONDecodeError, TypeError):
+        return None
+    if report.base_fingerprint != base_fingerprint or report.adapter_sha256 != adapter_sha:
+        return None
+    return MergeReport(**{**data, "merged_dir": str(out_dir), "reused": True})
+
+
+def _copy_base_files(base_dir: Path, target: Path) -> None:
+    """Tokenizer, processor, chat template, generation config: everything but weights, verbatim."""
+    for path in base_dir.iterdir():
+        name = path.name
+        if path.is_file() and not name.startswith(".") and name not in _NOT_COPIED_NAMES:
+            if name.endswith(_NOT_COPIED_SUFFIXES):
+                continue
+            shutil.copy2(path, target / name)
+
+
+def _install(tmp: Path, out_dir: Path) -> None:
+    """Rename the finished directory into place, replacing an older merge only after the new one is complete."""
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out_dir)
+
+
+def merge_adapter(
+    base_model_dir: str | os.PathLike,
+    adapter_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    checkpoint_step: int | None = None,
+    expected_base_fingerprint: str | None = None,
+    probe_eval_set: str = EMBEDDED_EVAL_SET,
+    device: str | None = None,
+    proof_dtype: str = "float32",
+    save_dtype: str | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+    log: Callable[[str], None] = print,
+) -> MergeReport:
+    """Merge ``adapter_dir`` into ``base_model_dir``, prove it, save to ``out_dir``; see the module docstring.
+
+    ``expected_base_fingerprint`` (from the checkpoint's trainer state) refuses a base model
+    other than the one the adapter was trained on. ``atol``/``rtol`` default to
+    :data:`TOLERANCES` for ``proof_dtype``.
+    """
+    from peft import PeftModel
+
+    from mazerl.policy.chat import model_inputs
+    from mazerl.policy.loader import ModelLoadError, _check_adapter_fits, load_policy
+
+    started = time.perf_counter()
+    base_dir, adapter_dir, out_dir = (
+        Path(base_model_dir).resolve(),
+        Path(adapter_dir).resolve(),
+        Path(out_dir).resolve(),
+    )
+    origin = f" (checkpoint step {checkpoint_step})" if checkpoint_step is not None else ""
+    read_adapter_config(adapter_dir)
+    if not base_dir.is_dir():
+        raise MergeError(f"base_model_dir={str(base_dir)!r} does not exist; pass the model the adapter was trained on")
+    base_fingerprint = model_fingerprint(base_dir)
+    if expected_base_fingerprint is not None and expected_base_fingerprint != base_fingerprint:
+        raise MergeError(
+            f"the adapter{origin} was trained on a base model with fingerprint {expected_base_fingerprint[:16]}..., "
+            f"but base_model_dir={str(base_dir)!r} has {base_fingerprint[:16]}...; merge it into the base it was "
+            "trained on"
+        )
+    adapter_sha = adapter_digest(adapter_dir)
+    reused = _reusable(out_dir, base_fingerprint, adapter_sha)
+    if reused is not None:
+        log(f"merge: {out_dir} already holds this base + adapter merge; reusing it")
+        return reused
+    proof = _dtype(proof_dtype)
+    default_atol, default_rtol = TOLERANCES.get(proof, TOLERANCES[torch.bfloat16])
+    atol = default_atol if atol is None else atol
+    rtol = default_rtol if rtol is None else rtol
+    target_dtype = _dtype(save_dtype) if save_dtype else stored_dtype(base_dir)
+
+    # 1. base model, probe batch, base logits, per-tensor digests
+    try:
+        policy = load_policy(base_dir, device=device, dtype=proof)
+        _check_adapter_fits(policy.model, adapter_dir)
+    except ModelLoadError as exc:
+        raise MergeError(f"cannot merge adapter {adapter_dir}{origin} into {base_dir}: {exc}") from exc
+    ids, images = probe_contexts(policy.processor, probe_eval_set)
+    inputs = model_inputs(policy.processor, ids, images)
+    base_logits = probe_logits(policy.model, inputs)
+    before = tensor_digests(policy.model)
+    log(f"merge: base {base_dir.name} loaded ({len(before)} tensors), probe batch of {base_logits.shape[0]} tokens")
+
+    # 2. base + adapter (unmerged): the reference the merge must reproduce
+    try:
+        peft_model = PeftModel.from_pretrained(policy.model, str(adapter_dir), is_trainable=False).eval()
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise MergeError(f"adapter {adapter_dir}{origin} does not load onto {base_dir}: {exc}") from exc
+    probes = lora_probes(peft_model)
+    adapter_logits = probe_logits(peft_model, inputs)
+    adapter_effect = _max_abs(adapter_logits, base_logits)
+
+    # 3. merge and prove weights + logits
+    merged = peft_model.merge_and_unload()
+    changed, unchanged, delta_error = check_weights(merged, before, probes, atol, rtol)
+    merged_logits = probe_logits(merged, inputs)
+    logits_diff = _max_abs(merged_logits, adapter_logits)
+    logits_tol = atol + rtol * float(adapter_logits.abs().max())
+    if logits_diff > logits_tol:
+        raise MergeError(
+            f"merged logits differ from base+adapter logits by {logits_diff:.3e} (tolerance {logits_tol:.3e}) on the "
+            f"probe batch; the merge of {adapter_dir}{origin} is wrong"
+        )
+    noop = not any(probe.nonzero for probe in probes)
+    if noop:
+        log(
+            "merge: warning: every LoRA delta is zero (no update reached the adapter); the merged model equals the base"
+        )
+    log(
+        f"merge: {len(probes)} LoRA modules, {changed} tensors changed, logits diff {logits_diff:.2e} <= {logits_tol:.2e}"
+    )
+
+    # 4. save to a temporary sibling, reload with the standard loader, compare, install
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        _copy_base_files(base_dir, tmp)
+        merged = merged.to(target_dtype)
+        merged.save_pretrained(tmp, safe_serialization=True)
+        del merged, peft_model, policy
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        reloaded = load_policy(tmp, device=device, dtype=proof)
+        reload_logits = probe_logits(reloaded.model, inputs)
+        del reloaded
+        gc.collect()
+        reload_diff = _max_abs(reload_logits, merged_logits)
+        if target_dtype == proof:
+            reload_tol = atol + rtol * float(merged_logits.abs().max())
+        else:  # rounding the merged weights to the save dtype is allowed for
+            save_atol, save_rtol = TOLERANCES.get(target_dtype, TOLERANCES[torch.bfloat16])
+            reload_tol = save_atol + save_rtol * float(merged_logits.abs().max())
+        if reload_diff > reload_tol:
+            raise MergeError(
+                f"the saved directory reloads with logits {reload_diff:.3e} away from the merged model's "
+                f"(tolerance {reload_tol:.3e}, saved as {target_dtype}); the save is lossy or incomplete"
+            )
+        report = MergeReport(
+            merged_dir=str(out_dir),
+            base_model_dir=str(base_dir),
+            adapter_dir=str(adapter_dir),
+            checkpoint_step=checkpoint_step,
+            base_fingerprint=base_fingerprint,
+            adapter_sha256=adapter_sha,
+            lora_modules=len(probes),
+            changed_tensors=changed,
+            unchanged_tensors=unchanged,
+            noop_adapter=noop,
+            weight_delta_max_error=delta_error,
+            logits_max_abs_diff=logits_diff,
+            reload_max_abs_diff=reload_diff,
+            adapter_effect=adapter_effect,
+            logits_tolerance=logits_tol,
+            reload_tolerance=reload_tol,
+            probe_tokens=int(base_logits.shape[0]),
+            proof_dtype=str(proof).removeprefix("torch."),
+            save_dtype=str(target_dtype).removeprefix("torch."),
+            size_mb=round(_dir_size_mb(tmp), 3),
+            seconds=round(time.perf_counter() - started, 2),
+        )
+        (tmp / MERGE_RECORD).write_text(json.dumps(asdict(report), indent=2) + "\n")
+        _install(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"merge: {report.summary()}")
+    return report
+
+
+def merge_lora(
+    base_model_dir: str | os.PathLike,
+    checkpoints_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    **options: Any,
+) -> MergeReport:
+    """Merge the adapter of the checkpoint the marker in ``checkpoints_dir`` names (options: see merge_adapter).
+
+    The checkpoint's recorded base-model fingerprint must match ``base_model_dir``.
+    """
+    adapter_dir, step, state = resolve_adapter(checkpoints_dir)
+    fingerprint = state.get("base_model_fingerprint") if isinstance(state, dict) else None
+    return merge_adapter(
+        base_model_dir, adapter_dir, out_dir, checkpoint_step=step, expected_base_fingerprint=fingerprint, **options
+    )

@@ -1,0 +1,241 @@
+"""Register the merged model of every run and move the ``champion`` alias only when it is earned.
+
+Every pipeline run's merged model becomes a new version of the registered model
+(``maze-vlm`` by default), tagged with its baseline and final success rates and the run
+ids they came from. The alias ``champion`` moves to the new version only when its final
+success rate
+
+1. beats the run's own baseline (the training helped),
+2. beats the current champion's final success rate (strictly; no champion yet counts as beaten),
+3. reaches ``threshold`` (an absolute floor on the final success rate; 0 disables it).
+
+A retried promotion reuses the version it already registered for the same run and source
+instead of registering a duplicate.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+DEFAULT_REGISTERED_MODEL = "maze-vlm"
+CHAMPION = "champion"
+TAG_BASELINE = "mazerl.baseline_success"
+TAG_FINAL = "mazerl.final_success"
+TAG_RUN = "mazerl.run_id"
+TAG_DECISION = "mazerl.promotion"
+_LEGAL_NAME = re.compile(r"^[A-Za-z0-9_.\- ]+$")
+
+
+class RegistryError(ValueError):
+    """A registered model name or promotion input that cannot be used."""
+
+
+@dataclass(frozen=True)
+class PromotionDecision:
+    """What ``promote`` did and why, in plain values."""
+
+    registered_model: str
+    version: str
+    promoted: bool
+    reason: str  # one sentence, for logs and the Prefect summary
+    final_success: float
+    baseline_success: float
+    previous_champion_version: str | None
+    previous_champion_success: float | None
+    threshold: float
+
+
+def validate_model_name(name: str) -> str:
+    """The name, if it uses only letters, digits, ``_ - .`` and spaces (else a RegistryError with the fix)."""
+    if not isinstance(name, str) or not name.strip() or not _LEGAL_NAME.match(name) or name != name.strip():
+        bad = sorted({c for c in str(name) if not re.match(r"[A-Za-z0-9_.\- ]", c)})
+        detail = f" (illegal characters: {''.join(bad)!r})" if bad else ""
+        raise RegistryError(
+            f"registered_model={name!r} is not a legal model name{detail}; use letters, digits, '_', '-', '.' and "
+            "inner spaces only, e.g. 'maze-vlm'"
+        )
+    return name
+
+
+def _check_rate(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value) or not 0 <= value <= 1:
+        raise RegistryError(f"{name}={value!r} must be a success rate between 0 and 1")
+    return float(value)
+
+
+def _ensure_registered_model(client: MlflowClient, name: str) -> None:
+    try:
+        client.get_registered_model(name)
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        try:
+            client.create_registered_model(
+                name, description="Merged LoRA policies of the mazerl pipeline; alias 'champion' marks the best."
+            )
+        except MlflowException as create_exc:  # created by a concurrent promotion in between
+            if create_exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+
+
+def _existing_version(client: MlflowClient, name: str, source: str, run_id: str) -> Any | None:
+    for version in client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'"):
+        if version.source == source:
+            return version
+    return None
+
+
+def _current_champion(client: MlflowClient, name: str) -> Any | None:
+    try:
+        return client.get_model_version_by_alias(name, CHAMPION)
+    except MlflowException as exc:
+        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
+            return None
+        raise
+
+
+def _decide(
+    final: float, baseline: float, threshold: float, champion: Any | None, version: str
+) -> tuple[bool, str, float | None]:
+    """(promote?, the sentence saying why, the champion's recorded final success)."""
+    rate = f"final success {final:.3f}"
+    if champion is not None and champion.version == version:
+        return True, "already the champion (a repeated promotion of the same version)", final
+    champion_success: float | None = None
+    if champion is not None:
+        recorded = champion.tags.get(TAG_FINAL)
+        try:
+            champion_success = float(recorded) if recorded is not None else None
+        except ValueError:
+            champion_success = None
+        if champion_success is None:
+            return (
+                False,
+                f"not promoted: the current champion (version {champion.version}) has no {TAG_FINAL} tag to compare "
+                f"with; set it or move the alias by hand",
+                None,
+            )
+    if final <= baseline:
+        return False, f"not promoted: {rate} does not beat this run's baseline {baseline:.3f}", champion_success
+    if champion_success is not None and final <= champion_success:
+        return (
+            False,
+            f"not promoted: {rate} does not beat the champion (version {champion.version}, {champion_success:.3f})",
+            champion_success,
+        )
+    if final < threshold:
+        return False, f"not promoted: {rate} is below the promotion threshold {threshold:.3f}", champion_success
+    versus = (
+        f"the champion (version {champion.version}, {champion_success:.3f})" if champion is not None else "no champion"
+    )
+    return (
+        True,
+        f"promoted to {CHAMPION}: {rate} beats the baseline {baseline:.3f} and {versus}"
+        + (f", and reaches the threshold {threshold:.3f}" if threshold > 0 else ""),
+        champion_success,
+    )
+
+
+def promote(
+    tracking_uri: str,
+    registered_model: str,
+    model_source: str,
+    run_id: str,
+    baseline_success: float,
+    final_success: float,
+    threshold: float = 0.0,
+    tags: dict[str, str] | None = None,
+) -> PromotionDecision:
+    """Register ``model_source`` (the merged model's artifact URI) as a new version and maybe move ``champion``.
+
+    ``run_id`` is the run that logged the merged model (the ``merge_lora`` run); ``tags``
+    adds version tags such as the pipeline, baseline and final eval run ids.
+    """
+    validate_model_name(registered_model)
+    baseline = _check_rate("baseline_success", baseline_success)
+    final = _check_rate("final_success", final_success)
+    threshold = _check_rate("threshold", threshold)
+    if not model_source:
+        raise RegistryError("model_source is empty; pass the artifact URI of the merged model (lineage.artifact_uri)")
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    _ensure_registered_model(client, registered_model)
+    version_tags = {
+        TAG_BASELINE: f"{baseline:.6f}",
+        TAG_FINAL: f"{final:.6f}",
+        TAG_RUN: run_id,
+        **{str(k): str(v) for k, v in (tags or {}).items()},
+    }
+    version = _existing_version(client, registered_model, model_source, run_id)
+    if version is None:
+        version = client.create_model_version(registered_model, source=model_source, run_id=run_id, tags=version_tags)
+    else:
+        for key, value in version_tags.items():
+            client.set_model_version_tag(registered_model, version.version, key, value)
+    champion = _current_champion(client, registered_model)
+    promoted, reason, champion_success = _decide(final, baseline, threshold, champion, version.version)
+    if promoted:
+        client.set_registered_model_alias(registered_model, CHAMPION, version.version)
+    client.set_model_version_tag(registered_model, version.version, TAG_DECISION, reason)
+    previous = champion if champion is not None and champion.version != version.version else None
+    return PromotionDecision(
+        registered_model=registered_model,
+        version=str(version.version),
+        promoted=promoted,
+        reason=f"{registered_model} version {version.version}: {reason}",
+        final_success=final,
+        baseline_success=baseline,
+        previous_champion_version=str(previous.version) if previous is not None else None,
+        previous_champion_success=champion_success if previous is not None else None,
+        threshold=threshold,
+    )
+
+
+def model_version_dir(
+    tracking_uri: str, registered_model: str, version: str = CHAMPION, dst_dir: str | None = None
+) -> str:
+    """A local model directory for a registered version (a number such as ``"3"`` or an alias such as ``"champion"``).
+
+    A version logged as a pointer (large models) resolves to the shared-storage path it
+    names; a local artifact store resolves to the artifact directory itself; a remote one
+    is downloaded into ``dst_dir`` (a temporary directory if None).
+    """
+    import json
+    from pathlib import Path
+
+    import mlflow.artifacts
+
+    validate_model_name(registered_model)
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    try:
+        entry = (
+            client.get_model_version(registered_model, version)
+            if str(version).isdigit()
+            else client.get_model_version_by_alias(registered_model, version)
+        )
+    except MlflowException as exc:
+        raise RegistryError(
+            f"registered model {registered_model!r} has no version or alias {version!r} ({exc.message}); "
+            "list them in the MLflow UI under Models"
+        ) from exc
+    source = entry.source
+    local = Path(source.removeprefix("file://")) if "://" not in source or source.startswith("file://") else None
+    if local is None or not local.exists():
+        local = Path(
+            mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=dst_dir, tracking_uri=tracking_uri)
+        )
+    pointer = local / "pointer.json"
+    if pointer.is_file():
+        target = Path(json.loads(pointer.read_text())["path"])
+        if not (target / "config.json").is_file():
+            raise RegistryError(
+                f"{registered_model} version {entry.version} points to {target}, which holds no model; "
+                "the shared storage was cleaned or is not mounted here"
+            )
+        return str(target)
+    return str(local)
