@@ -26,3 +26,32 @@ def starter_model_dir(tmp_path_factory: pytest.TempPathFactory):
 
     root = tmp_path_factory.mktemp("starter-root")
     return ensure_starter(root, StarterConfig.reduced_build(), log=lambda _: None)
+
+
+# --------------------------------------------------------------------------------------
+# MLflow store fixture (tracking). Creating a SQLite store runs MLflow's migrations
+# (about 5 s on 2 cores); a migrated template is copied per test instead (milliseconds).
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def _mlflow_template_db(tmp_path_factory: pytest.TempPathFactory):
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()  # creates and migrates the schema
+    return path
+
+
+@pytest.fixture
+def mlflow_root(tmp_path, _mlflow_template_db):
+    """A fresh data root whose ``mlflow.db`` is an empty, migrated MLflow store (``<root>/mlartifacts`` not yet made).
+
+    Its tracking URI is ``mazerl.tracking.lineage.default_tracking_uri(root)``.
+    """
+    import shutil
+
+    root = tmp_path / "mazerl-home"
+    root.mkdir()
+    shutil.copy(_mlflow_template_db, root / "mlflow.db")
+    return root

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import re
 import subprocess
@@ -69,7 +70,7 @@ EVAL_METRICS = {
     "n": "eval/n_mazes",
     "solved": "eval/solved",
 }
-REQUIRED_SUMMARY_KEYS = ("success_rate", "avg_moves", "parse_failure_rate")
+REQUIRED_SUMMARY_KEYS = ("success_rate", "avg_moves", "parse_failure_rate")  # avg_moves may come from the rows
 _TRUNCATED = "...[truncated]"
 _BAD_NAME_CHARS = re.compile(r"[^A-Za-z0-9_./\- ]")
 _TERMINAL = {"FINISHED", "FAILED", "KILLED"}
@@ -115,10 +116,20 @@ def default_tracking_uri(root: str | os.PathLike | None = None) -> str:
 
 
 def default_artifact_location(tracking_uri: str, root: str | os.PathLike | None = None) -> str | None:
-    """Where a new experiment keeps artifacts: ``<root>/mlartifacts`` for a local store, the server's choice else."""
+    """Where a new experiment keeps its artifacts.
+
+    ``<root>/mlartifacts`` when a root is given; for a SQLite store, ``mlartifacts`` next to
+    the database file (the embedded layout); for another database, under the data root;
+    for a tracking server, None (the server decides).
+    """
     if tracking_uri.startswith(("http://", "https://", "databricks")):
         return None
-    return paths.mlflow_artifacts_dir(paths.data_root(root)).as_uri()
+    if root is not None:
+        return paths.mlflow_artifacts_dir(Path(root).expanduser().resolve()).as_uri()
+    if tracking_uri.startswith("sqlite:///"):
+        database = Path(tracking_uri.removeprefix("sqlite:///")).expanduser().resolve()
+        return paths.mlflow_artifacts_dir(database.parent).as_uri()
+    return paths.mlflow_artifacts_dir(paths.data_root()).as_uri()
 
 
 def client_for(tracking_uri: str) -> MlflowClient:
@@ -487,23 +498,44 @@ def read_eval_report(eval_dir: str | os.PathLike) -> tuple[dict[str, Any], list[
         rows = [json.loads(line) for line in results_path.read_text().splitlines() if line.strip()]
     except json.JSONDecodeError as exc:
         raise EvalReportError(f"eval_dir={str(eval_dir)!r}: unreadable JSON ({exc}); rerun the eval stage") from exc
-    missing = [key for key in REQUIRED_SUMMARY_KEYS if not isinstance(summary.get(key), int | float)]
-    if missing:
-        raise EvalReportError(f"{summary_path} lacks numeric {', '.join(missing)}; rerun the eval stage")
+    if not isinstance(summary, dict):
+        raise EvalReportError(f"{summary_path} holds {type(summary).__name__}, not a JSON object; rerun the eval stage")
     return summary, rows
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
 
 
 def _metric_name(key: str, prefix: str) -> str:
     return EVAL_METRICS.get(key, f"eval/{key}").replace("eval/", f"{prefix}/", 1)
 
 
-def eval_metrics(summary: Mapping[str, Any], prefix: str = "eval") -> dict[str, float]:
-    """The numeric fields of a summary under their MLflow names (``eval/success_rate``, ...)."""
-    return {
-        _metric_name(_BAD_NAME_CHARS.sub("_", key), prefix): float(value)
-        for key, value in summary.items()
-        if isinstance(value, int | float) and not isinstance(value, bool)
-    }
+def eval_metrics(
+    summary: Mapping[str, Any], rows: list[dict[str, Any]] | None = None, prefix: str = "eval"
+) -> dict[str, float]:
+    """The numbers of an eval summary under their MLflow names (``eval/success_rate``, ...).
+
+    Accepts the confidence interval as ``success_ci95: [low, high]`` or ``ci_low``/``ci_high``
+    and derives ``avg_moves`` (mean moves per maze) from the rows when the summary lacks it.
+    Fields that are None (e.g. mean moves of solved episodes when none was solved) are skipped.
+    """
+    values: dict[str, float] = {}
+    for key, value in summary.items():
+        if _number(value):
+            values[key] = float(value)
+        elif key in ("success_ci95", "success_ci") and isinstance(value, list | tuple) and len(value) == 2:
+            low, high = value
+            if _number(low) and _number(high):
+                values["ci_low"], values["ci_high"] = float(low), float(high)
+    if "avg_moves" not in values and rows and all(_number(row.get("moves")) for row in rows):
+        values["avg_moves"] = sum(row["moves"] for row in rows) / len(rows)
+    missing = [key for key in REQUIRED_SUMMARY_KEYS if key not in values]
+    if missing:
+        raise EvalReportError(
+            f"the eval summary lacks {', '.join(missing)} (has {sorted(summary)}); rerun the eval stage"
+        )
+    return {_metric_name(_BAD_NAME_CHARS.sub("_", key), prefix): value for key, value in values.items()}
 
 
 def _table_rows(rows: list[dict[str, Any]]) -> dict[str, list]:
@@ -543,7 +575,7 @@ def log_eval_report(
 
     summary, rows = read_eval_report(eval_dir)
     eval_dir = Path(eval_dir)
-    metrics = eval_metrics(summary, prefix)
+    metrics = eval_metrics(summary, rows, prefix)
     now_ms = int(time.time() * 1000)
     client = client_for(tracking_uri)
     client.log_batch(run_id, metrics=[Metric(key, value, now_ms, step) for key, value in metrics.items()])

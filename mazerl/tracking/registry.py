@@ -105,7 +105,7 @@ def _decide(
 ) -> tuple[bool, str, float | None]:
     """(promote?, the sentence saying why, the champion's recorded final success)."""
     rate = f"final success {final:.3f}"
-    if champion is not None and champion.version == version:
+    if champion is not None and str(champion.version) == version:
         return True, "already the champion (a repeated promotion of the same version)", final
     champion_success: float | None = None
     if champion is not None:
@@ -178,14 +178,15 @@ def promote(
         for key, value in version_tags.items():
             client.set_model_version_tag(registered_model, version.version, key, value)
     champion = _current_champion(client, registered_model)
-    promoted, reason, champion_success = _decide(final, baseline, threshold, champion, version.version)
+    number = str(version.version)  # the SQL store returns ints, the REST store strings
+    promoted, reason, champion_success = _decide(final, baseline, threshold, champion, number)
     if promoted:
-        client.set_registered_model_alias(registered_model, CHAMPION, version.version)
-    client.set_model_version_tag(registered_model, version.version, TAG_DECISION, reason)
-    previous = champion if champion is not None and champion.version != version.version else None
+        client.set_registered_model_alias(registered_model, CHAMPION, number)
+    client.set_model_version_tag(registered_model, number, TAG_DECISION, reason)
+    previous = champion if champion is not None and str(champion.version) != number else None
     return PromotionDecision(
         registered_model=registered_model,
-        version=str(version.version),
+        version=number,
         promoted=promoted,
         reason=f"{registered_model} version {version.version}: {reason}",
         final_success=final,

@@ -4,10 +4,10 @@ MLflow stores everything it is given in plain text (the SQLite file, the artifac
 a shared tracking server), so a leaked AWS key in a logged config is a leaked key. Two
 independent filters:
 
-- by name: a value whose key names a secret (a word ``token``, ``secret``, ``password``,
-  ``passwd``, ``credential(s)`` or ``key``, or a word ending in one of them, such as
-  ``apikey``) is replaced by ``***``. ``max_new_tokens`` is not a secret: ``tokens`` is
-  not ``token``.
+- by name: a value whose key names a secret (a word ending in ``token``, ``secret``,
+  ``password``, ``passwd`` or ``credential(s)``, or the word ``key``, ``apikey``,
+  ``accesskey``, ...) is replaced by ``***``. ``max_new_tokens`` is not a secret:
+  ``tokens`` is not ``token``.
 - by value: the values of secret-named environment variables (``AWS_SECRET_ACCESS_KEY``,
   ``AWS_SESSION_TOKEN``, ``RAY_AUTH_TOKEN``, ``MLFLOW_TRACKING_PASSWORD``, ...), AWS access
   key ids and the password part of ``scheme://user:password@host`` URLs are cut out of any
@@ -24,7 +24,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 REDACTED = "***"
-_SECRET_WORDS = ("token", "secret", "password", "passwd", "credential", "credentials", "key")
+_SECRET_WORDS = ("token", "secret", "password", "passwd", "credential", "credentials")  # also as a word's ending
+_KEY_WORDS = ("key", "apikey", "accesskey", "secretkey", "privatekey", "signingkey", "sshkey")  # "monkey" is no key
 # Values shorter than this are flags or modes ("1", "true", "token"), not secrets; masking
 # them would garble every text that happens to contain them.
 MIN_SECRET_VALUE_LENGTH = 8
@@ -41,7 +42,7 @@ class SecretLeakError(RuntimeError):
 def is_secret_name(name: str) -> bool:
     """True when a parameter, tag or environment variable name says its value is a credential."""
     words = [word.lower() for word in _WORD_SPLIT.split(str(name)) if word]
-    return any(word == secret or word.endswith(secret) for word in words for secret in _SECRET_WORDS)
+    return any(word in _KEY_WORDS or word.endswith(_SECRET_WORDS) for word in words)
 
 
 def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:

@@ -1,0 +1,114 @@
+"""Registry promotion on a real SQLite store: the champion alias moves only when it should."""
+
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from mazerl.tracking import lineage, registry
+from mazerl.tracking.registry import CHAMPION, RegistryError, promote
+
+
+@pytest.fixture
+def uri(mlflow_root):
+    return lineage.default_tracking_uri(mlflow_root)
+
+
+def merged_model_source(uri, tmp_path) -> tuple[str, str]:
+    """A pipeline run whose merge_lora run logged a (tiny stand-in) model directory."""
+    run_id = lineage.start_pipeline_run(uri).run_id("merge_lora")
+    model = tmp_path / f"merged-{run_id}"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    logged = lineage.log_merged_model(uri, run_id, model)
+    return logged.source, run_id
+
+
+def champion_version(uri, name="maze-vlm"):
+    try:
+        return str(MlflowClient(uri).get_model_version_by_alias(name, CHAMPION).version)
+    except Exception:
+        return None
+
+
+def test_first_run_that_beats_its_baseline_becomes_champion(uri, tmp_path):
+    source, run_id = merged_model_source(uri, tmp_path)
+    decision = promote(uri, "maze-vlm", source, run_id, baseline_success=0.2, final_success=0.35)
+    assert decision.promoted and decision.version == "1"
+    assert "beats the baseline 0.200 and no champion" in decision.reason
+    assert champion_version(uri) == "1"
+    version = MlflowClient(uri).get_model_version("maze-vlm", "1")
+    assert version.source == source and version.run_id == run_id
+    assert version.tags["mazerl.baseline_success"] == "0.200000"
+    assert version.tags["mazerl.final_success"] == "0.350000"
+    assert version.tags["mazerl.run_id"] == run_id
+
+
+@pytest.mark.parametrize("final", [0.2, 0.1])
+def test_no_better_than_baseline_is_registered_but_not_promoted(uri, tmp_path, final):
+    source, run_id = merged_model_source(uri, tmp_path)
+    decision = promote(uri, "maze-vlm", source, run_id, baseline_success=0.2, final_success=final)
+    assert not decision.promoted
+    assert "does not beat this run's baseline 0.200" in decision.reason
+    assert champion_version(uri) is None, "the alias must not move"
+    assert (
+        MlflowClient(uri)
+        .get_model_version("maze-vlm", decision.version)
+        .tags["mazerl.promotion"]
+        .startswith("not promoted")
+    )
+
+
+def test_better_champion_keeps_the_alias(uri, tmp_path):
+    first_source, first_run = merged_model_source(uri, tmp_path)
+    assert promote(uri, "maze-vlm", first_source, first_run, 0.2, 0.6).promoted
+    # a later run beats its own baseline but not the champion
+    source, run_id = merged_model_source(uri, tmp_path)
+    decision = promote(uri, "maze-vlm", source, run_id, baseline_success=0.2, final_success=0.5)
+    assert not decision.promoted and decision.version == "2"
+    assert decision.previous_champion_version == "1" and decision.previous_champion_success == 0.6
+    assert "does not beat the champion (version 1, 0.600)" in decision.reason
+    assert champion_version(uri) == "1"
+    # and one that beats both takes the alias over
+    source, run_id = merged_model_source(uri, tmp_path)
+    decision = promote(uri, "maze-vlm", source, run_id, baseline_success=0.2, final_success=0.7)
+    assert decision.promoted and champion_version(uri) == "3"
+
+
+def test_threshold_blocks_a_weak_winner(uri, tmp_path):
+    source, run_id = merged_model_source(uri, tmp_path)
+    decision = promote(uri, "maze-vlm", source, run_id, 0.1, 0.3, threshold=0.5)
+    assert not decision.promoted and "below the promotion threshold 0.500" in decision.reason
+    assert champion_version(uri) is None
+
+
+def test_repeated_promotion_reuses_its_version(uri, tmp_path):
+    source, run_id = merged_model_source(uri, tmp_path)
+    first = promote(uri, "maze-vlm", source, run_id, 0.1, 0.3)
+    again = promote(uri, "maze-vlm", source, run_id, 0.1, 0.3)
+    assert again.version == first.version == "1" and again.promoted
+    assert len(MlflowClient(uri).search_model_versions("name = 'maze-vlm'")) == 1
+
+
+@pytest.mark.parametrize("name", ["maze/vlm", "maze:vlm", "", " maze", "maze-vlm\n", "modèle"])
+def test_illegal_registered_model_names(uri, name):
+    with pytest.raises(RegistryError, match="is not a legal model name"):
+        promote(uri, name, "file:///nowhere", "0" * 32, 0.1, 0.2)
+
+
+@pytest.mark.parametrize(
+    ("baseline", "final", "threshold", "field"),
+    [(1.5, 0.2, 0.0, "baseline_success"), (0.1, float("nan"), 0.0, "final_success"), (0.1, 0.2, -1, "threshold")],
+)
+def test_rates_must_be_between_zero_and_one(uri, baseline, final, threshold, field):
+    with pytest.raises(RegistryError, match=field):
+        promote(uri, "maze-vlm", "file:///nowhere", "0" * 32, baseline, final, threshold)
+
+
+def test_registered_version_resolves_to_a_model_directory(uri, tmp_path):
+    source, run_id = merged_model_source(uri, tmp_path)
+    promote(uri, "maze-vlm", source, run_id, 0.1, 0.3)
+    resolved = Path(registry.model_version_dir(uri, "maze-vlm", "champion"))
+    assert (resolved / "config.json").is_file() and resolved.as_uri() == source
+    with pytest.raises(RegistryError, match="no version or alias 'missing'"):
+        registry.model_version_dir(uri, "maze-vlm", "missing")
