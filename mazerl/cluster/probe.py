@@ -1,0 +1,202 @@
+"""The in-cluster half of ``verify_cluster``: a short Ray job that looks at the cluster from inside.
+
+Run as ``python -m mazerl.cluster.probe '<json request>'`` by :mod:`mazerl.cluster.verify`
+through the job API, so it works on every address the submitter accepts (the embedded head,
+a port-forwarded KubeRay head, ``sagemaker_ray://``). It prints one line
+``MAZERL_PROBE_RESULT {json}`` and exits 0; the caller turns the JSON into report rows.
+
+What it measures:
+
+- the cluster's Ray version and its nodes (ALIVE/DEAD, GPUs per node);
+- shared storage: a task pinned to each alive node (``NodeAffinitySchedulingStrategy``,
+  hard) writes ``<data_root>/.mazerl-probe/<token>/<node>``, then the *next* node reads it
+  back; a mount that is missing or node-local on any node shows up as a failed read. Each
+  node also reports the free bytes under the data root;
+- the base model directory, read from a worker node (a GPU node if there is one): config,
+  weights (every shard an index names), processor and tokenizer files.
+
+Tasks ask for no CPU (``num_cpus=0``) so they run even when the cluster's CPUs are taken.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+RESULT_PREFIX = "MAZERL_PROBE_RESULT "
+PROBE_DIR = ".mazerl-probe"
+TASK_TIMEOUT_S = 30.0
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def check_model_dir(model_dir: str) -> dict[str, Any]:
+    """What a Hugging Face VLM directory needs to be loadable, as found on this node."""
+    path = Path(model_dir)
+    result: dict[str, Any] = {"host": socket.gethostname(), "path": model_dir, "missing": [], "weights_bytes": 0}
+    if not path.is_dir():
+        result["missing"].append("the directory itself")
+        return result
+    try:
+        json.loads((path / "config.json").read_text())
+    except FileNotFoundError:
+        result["missing"].append("config.json")
+    except (OSError, ValueError) as exc:
+        result["missing"].append(f"a readable config.json ({exc})")
+    shards: set[Path] = set()
+    for index_name in WEIGHT_INDEXES:
+        index = path / index_name
+        if index.is_file():
+            try:
+                names = set(json.loads(index.read_text())["weight_map"].values())
+            except (OSError, ValueError, KeyError) as exc:
+                result["missing"].append(f"a readable {index_name} ({exc})")
+                continue
+            absent = sorted(n for n in names if not (path / n).is_file())
+            result["missing"].extend(f"weight shard {n}" for n in absent)
+            shards |= {path / n for n in names if (path / n).is_file()}
+    for pattern in WEIGHT_PATTERNS:
+        shards |= set(path.glob(pattern))
+    if not shards:
+        result["missing"].append("weights (*.safetensors or pytorch_model*.bin)")
+    for shard in shards:
+        try:
+            with open(shard, "rb") as handle:
+                handle.read(8)  # readable, not just listed
+            result["weights_bytes"] += shard.stat().st_size
+        except OSError as exc:
+            result["missing"].append(f"a readable {shard.name} ({exc.strerror})")
+    if not any((path / name).is_file() for name in PROCESSOR_FILES):
+        result["missing"].append(f"a processor config ({' or '.join(PROCESSOR_FILES)})")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        result["missing"].append(f"a tokenizer ({' or '.join(TOKENIZER_FILES)})")
+    return result
+
+
+def write_probe(data_root: str, token: str, node_id: str) -> dict[str, Any]:
+    """On one node: write this node's probe file (temp name + rename) and measure free space."""
+    result: dict[str, Any] = {"node_id": node_id, "host": socket.gethostname(), "ok": False, "error": ""}
+    try:
+        probe_dir = Path(data_root) / PROBE_DIR / token
+        probe_dir.mkdir(parents=True, exist_ok=True)
+        target = probe_dir / node_id
+        tmp = probe_dir / f".{node_id}.tmp"
+        tmp.write_text(f"{token}:{node_id}")
+        os.replace(tmp, target)
+        result["free_bytes"] = shutil.disk_usage(data_root).free
+        result["ok"] = True
+    except OSError as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+def read_probe(data_root: str, token: str, writer_node_id: str) -> dict[str, Any]:
+    """On the next node: read back what the previous node wrote."""
+    target = Path(data_root) / PROBE_DIR / token / writer_node_id
+    result: dict[str, Any] = {"host": socket.gethostname(), "ok": False, "error": ""}
+    try:
+        content = target.read_text()
+    except OSError as exc:
+        result["error"] = f"cannot read {target}: {exc.strerror or exc}"
+        return result
+    expected = f"{token}:{writer_node_id}"
+    result["ok"] = content == expected
+    if not result["ok"]:
+        result["error"] = f"{target} holds {content[:40]!r}, expected {expected!r}"
+    return result
+
+
+def remove_probe(data_root: str, token: str) -> None:
+    shutil.rmtree(Path(data_root) / PROBE_DIR / token, ignore_errors=True)
+
+
+def run_probe(request: dict[str, Any]) -> dict[str, Any]:
+    """Connect to the cluster this job runs in and measure it (see the module docstring)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    started = time.monotonic()
+    ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+    nodes = [
+        {
+            "node_id": n["NodeID"],
+            "address": n["NodeManagerAddress"],
+            "alive": bool(n["Alive"]),
+            "gpus": float(n.get("Resources", {}).get("GPU", 0)),
+            "is_head": "node:__internal_head__" in n.get("Resources", {}),
+        }
+        for n in ray.nodes()
+    ]
+    alive = [n for n in nodes if n["alive"]]
+    result: dict[str, Any] = {"ray_version": ray.__version__, "python": sys.version.split()[0], "nodes": nodes}
+
+    def pinned(fn, node_id: str):
+        strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+        return ray.remote(num_cpus=0, max_retries=0)(fn).options(scheduling_strategy=strategy)
+
+    def gather(refs: list) -> list:
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=TASK_TIMEOUT_S)
+        done = set(ready)
+        out = []
+        for ref in refs:
+            if ref not in done:
+                out.append({"ok": False, "error": f"no answer within {TASK_TIMEOUT_S:.0f} s"})
+                continue
+            try:
+                out.append(ray.get(ref))
+            except Exception as exc:  # noqa: BLE001 - a failed task is a finding, not a crash
+                out.append({"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+        return out
+
+    data_root = request.get("data_root")
+    if data_root:
+        token = uuid.uuid4().hex[:12]
+        writes = gather([pinned(write_probe, n["node_id"]).remote(data_root, token, n["node_id"]) for n in alive])
+        reads = gather(
+            [
+                pinned(read_probe, alive[(i + 1) % len(alive)]["node_id"]).remote(data_root, token, n["node_id"])
+                for i, n in enumerate(alive)
+            ]
+        )
+        gather([pinned(remove_probe, n["node_id"]).remote(data_root, token) for n in alive])
+        result["storage"] = [
+            {"writer": n["address"], "reader": alive[(i + 1) % len(alive)]["address"], "write": w, "read": r}
+            for i, (n, w, r) in enumerate(zip(alive, writes, reads, strict=True))
+        ]
+
+    model_dir = request.get("base_model")
+    if model_dir and alive:
+        workers = sorted(alive, key=lambda n: (n["gpus"] == 0, n["is_head"]))  # a GPU worker first
+        node = workers[0]
+        (found,) = gather([pinned(check_model_dir, node["node_id"]).remote(model_dir)])
+        result["base_model"] = {"node": node["address"], **found}
+
+    result["seconds"] = round(time.monotonic() - started, 2)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m mazerl.cluster.probe '<json request>'", file=sys.stderr)
+        return 2
+    try:
+        request = json.loads(args[0])
+    except ValueError as exc:
+        print(f"the probe request is not JSON: {exc}", file=sys.stderr)
+        return 2
+    print(RESULT_PREFIX + json.dumps(run_probe(request)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

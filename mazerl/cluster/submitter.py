@@ -1,0 +1,627 @@
+"""Run a stage as a Ray job and follow it to its end: the one submission path for both
+training backends, on the embedded local head and on a real cluster alike.
+
+What it guarantees (design section 4):
+
+- **One job per pipeline run.** The submission id is deterministic,
+  ``mazerl-<pipeline run>-<stage>-a<attempt>``, and every job carries metadata
+  ``{"mazerl_pipeline_run", "mazerl_stage", "mazerl_attempt"}``. Before submitting, a still
+  PENDING/RUNNING job of the same pipeline run and stage is re-attached to instead of starting
+  a second one (the orchestrator crashed and was re-run; the job kept running). If this
+  attempt's id already SUCCEEDED, its result is returned without running it again; if it
+  failed, the resubmission gets the suffix ``-r<k>`` (Ray never reuses an id).
+- **Logs reach the caller.** The job's output is followed with ``tail_job_logs`` in a thread
+  (falling back to polling ``get_job_logs`` from the last offset) and handed line by line to
+  ``log`` from the caller's thread, so a Prefect run logger can be used directly.
+- **Failures say whether to retry.** SUCCEEDED -> :class:`JobOutcome`. FAILED with the
+  entrypoint's exit code 2 (our entrypoints' "bad configuration", and argparse's) ->
+  :class:`JobConfigError`, never retried. Any other failure, STOPPED, a job that vanished, an
+  address that stops answering (for longer than ``unreachable_grace_s``) ->
+  :class:`RetryableJobError` naming the address; the training retry resumes from its checkpoint.
+- **Hung jobs are stopped.** With ``hang_timeout_s``, a RUNNING job whose progress probe
+  (default: the largest ``step N`` seen in its log; or :class:`CheckpointProbe`) does not
+  advance for that long is stopped and reported as retryable "hung". Works on any Ray cluster.
+- **Cancelling the caller stops the job.** Any exception leaving :meth:`RayJob.wait` inside
+  the ``with`` block (KeyboardInterrupt, task cancellation, an error in ``log``) stops the Ray
+  job. A caller killed outright (SIGKILL) leaves it running, and the re-run re-attaches.
+
+Secrets: the runtime env (which may carry tokens) is never logged; only ids, statuses and
+the job's own output are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import queue
+import re
+import shlex
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+from mazerl.cluster.client import job_client, parse_address
+from mazerl.cluster.errors import ConfigError, JobConfigError, RetryableJobError
+
+logger = logging.getLogger(__name__)
+
+META_RUN = "mazerl_pipeline_run"
+META_STAGE = "mazerl_stage"
+META_ATTEMPT = "mazerl_attempt"
+ACTIVE = frozenset({"PENDING", "RUNNING"})
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+CONFIG_ERROR_EXIT_CODE = 2
+_ID_CHARS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_EXIT_CODE = re.compile(r"exit code (-?\d+)")
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+LogFn = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """A job that SUCCEEDED (failures are exceptions)."""
+
+    submission_id: str
+    address: str
+    status: str
+    reattached: bool  # True: this call followed a job that an earlier call had submitted
+    duration_s: float
+    log_lines: int
+    message: str
+
+
+# --- ids, entrypoints, runtime envs ------------------------------------------------------
+
+
+def submission_id_for(pipeline_run_id: str, attempt: int, stage: str = "train") -> str:
+    """``mazerl-<pipeline run>-<stage>-a<attempt>``: the same inputs always give the same id."""
+    if not isinstance(pipeline_run_id, str) or not _ID_CHARS.match(pipeline_run_id):
+        raise ConfigError(
+            f"pipeline_run_id ({pipeline_run_id!r}) must be 1-100 characters of letters, digits, '_', '.', '-' "
+            "(e.g. the Prefect flow-run id)"
+        )
+    if not isinstance(stage, str) or not _ID_CHARS.match(stage):
+        raise ConfigError(f"stage ({stage!r}) must be a short name of letters, digits, '_', '.', '-'")
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
+        raise ConfigError(f"attempt ({attempt!r}) must be an integer >= 1 (the Prefect task's run count)")
+    return f"mazerl-{pipeline_run_id}-{stage}-a{attempt}"
+
+
+def module_entrypoint(module: str, config_path: str | Path, python: str = "python") -> str:
+    """``python -m <module> --config <file>``: how every mazerl job is started."""
+    if not isinstance(module, str) or not _MODULE.match(module):
+        raise ConfigError(
+            f"entrypoint_module ({module!r}) must be a dotted module name, e.g. mazerl.training.local_entry"
+        )
+    if not str(config_path).strip():
+        raise ConfigError("config_path is empty: give the path of the training config file as the cluster sees it")
+    return f"{python} -m {module} --config {shlex.quote(str(config_path))}"
+
+
+def project_root() -> Path:
+    """The directory that holds the ``mazerl`` and ``envs`` packages this process imports."""
+    import mazerl
+
+    return Path(mazerl.__file__).resolve().parent.parent
+
+
+def local_runtime_env() -> dict[str, Any]:
+    """Runtime env for the embedded local head: the job imports exactly the code the caller runs.
+
+    ``PYTHONPATH`` to the project root rather than ``working_dir``: the head shares this
+    machine's file system, so nothing is zipped or uploaded (a working_dir upload would also
+    sweep up the data root and is capped at 100 MiB). A cluster image has the project
+    installed and needs no runtime env for it.
+    """
+    return {"env_vars": {"PYTHONPATH": str(project_root())}}
+
+
+def runtime_env_for(address: str) -> dict[str, Any] | None:
+    """The ``"auto"`` runtime env: a head on this machine (127.0.0.1/localhost) shares its files,
+    so point PYTHONPATH at our code; a remote cluster runs its image's installed project."""
+    parsed = parse_address(address)
+    host = urlparse(parsed.value).hostname
+    return local_runtime_env() if not parsed.is_sagemaker and host in LOOPBACK_HOSTS else None
+
+
+def _merged_runtime_env(runtime_env: dict[str, Any] | None, env_vars: dict[str, str] | None) -> dict[str, Any] | None:
+    if runtime_env is not None and not isinstance(runtime_env, dict):
+        raise ConfigError(f"runtime_env must be a dict (Ray's runtime_env), got {type(runtime_env).__name__}")
+    merged = dict(runtime_env or {})
+    if env_vars:
+        for key, value in env_vars.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise ConfigError(f"env_vars[{key!r}] must map str to str (got {type(value).__name__})")
+        merged["env_vars"] = {**dict(merged.get("env_vars") or {}), **env_vars}
+    return merged or None
+
+
+# --- progress probes ----------------------------------------------------------------------
+
+
+class LogStepProbe:
+    """Progress = the largest step number seen so far in the job's log lines.
+
+    The submitter feeds it every line (anything with a ``feed`` method is fed). The default
+    pattern matches ``step 12``, ``step=12``, ``global_step: 12``.
+    """
+
+    def __init__(self, pattern: str = r"\b(?:global_)?step[\s=:]+(\d+)"):
+        self._pattern = re.compile(pattern, re.IGNORECASE)
+        self._step: int | None = None
+
+    def feed(self, line: str) -> None:
+        for match in self._pattern.finditer(line):
+            step = int(match.group(1))
+            if self._step is None or step > self._step:
+                self._step = step
+
+    def __call__(self) -> int | None:
+        return self._step
+
+
+class CheckpointProbe:
+    """Progress = the step named by the checkpoint marker (``latest_ckpt_global_step.txt``).
+
+    Only for a checkpoint directory this process can read (the embedded run, or a client
+    with the shared mount); otherwise use the log probe.
+    """
+
+    def __init__(self, checkpoint_dir: str | Path, marker: str = "latest_ckpt_global_step.txt"):
+        self._marker = Path(checkpoint_dir) / marker
+
+    def __call__(self) -> int | None:
+        try:
+            return int(self._marker.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+
+# --- the job ------------------------------------------------------------------------------
+
+
+class RayJob:
+    """One stage's Ray job: submitted or re-attached by :meth:`start`, followed by :meth:`wait`.
+
+    Use it as a context manager so that leaving the block early stops the job::
+
+        with RayJob(address, entrypoint, pipeline_run_id=run, attempt=n, log=print) as job:
+            outcome = job.wait()
+    """
+
+    def __init__(
+        self,
+        address: str,
+        entrypoint: str,
+        *,
+        pipeline_run_id: str,
+        attempt: int,
+        stage: str = "train",
+        runtime_env: dict[str, Any] | None | Literal["auto"] = "auto",
+        env_vars: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+        log: LogFn | None = None,
+        hang_timeout_s: float | None = None,
+        progress_probe: Callable[[], object] | None = None,
+        poll_s: float = 0.5,
+        unreachable_grace_s: float = 20.0,
+        entrypoint_num_cpus: float | None = None,
+        entrypoint_num_gpus: float | None = None,
+    ):
+        if not isinstance(entrypoint, str) or not entrypoint.strip():
+            raise ConfigError(
+                "entrypoint is empty: give the command the job runs, e.g. python -m <module> --config <file>"
+            )
+        if hang_timeout_s is not None and not hang_timeout_s > 0:
+            raise ConfigError(f"hang_timeout_s ({hang_timeout_s}) must be > 0 seconds, or None to disable the watchdog")
+        if not poll_s > 0 or unreachable_grace_s < 0:
+            raise ConfigError(f"poll_s ({poll_s}) must be > 0 and unreachable_grace_s ({unreachable_grace_s}) >= 0")
+        self.address = parse_address(address).value
+        if runtime_env == "auto":
+            runtime_env = runtime_env_for(self.address)
+        self.entrypoint = entrypoint
+        self.pipeline_run_id = pipeline_run_id
+        self.attempt = attempt
+        self.stage = stage
+        self.base_submission_id = submission_id_for(pipeline_run_id, attempt, stage)
+        self.runtime_env = _merged_runtime_env(runtime_env, env_vars)
+        self.headers = dict(headers) if headers else None
+        self.log: LogFn = log or logger.info
+        self.hang_timeout_s = hang_timeout_s
+        self.progress_probe = progress_probe or (LogStepProbe() if hang_timeout_s else None)
+        self.poll_s = poll_s
+        self.unreachable_grace_s = unreachable_grace_s
+        self.entrypoint_num_cpus = entrypoint_num_cpus
+        self.entrypoint_num_gpus = entrypoint_num_gpus
+        self.submission_id: str | None = None
+        self.reattached = False
+        self._client = None
+        self._finished = False
+        self._already_succeeded = False
+        self._follower: _LogFollower | None = None
+        self._recent: collections.deque[str] = collections.deque(maxlen=40)
+        self._lines = 0
+        self._started_at = time.monotonic()
+        self._progress_value: object = None
+        self._progress_since: float | None = None
+
+    # context manager: leaving the block with an exception stops the job
+    def __enter__(self) -> RayJob:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and not self._finished:
+            self.stop(reason=f"the caller stopped waiting ({exc_type.__name__})")
+
+    def start(self) -> str:
+        """Re-attach to this pipeline run's active job, or submit a new one; returns its id."""
+        self._client = job_client(self.address, self.headers)
+        self._started_at = time.monotonic()
+        for _ in range(2):  # a second pass if a concurrent caller submitted the same id first
+            jobs = self._call(self._client.list_jobs)
+            mine = [
+                j
+                for j in jobs
+                if _meta(j).get(META_RUN) == self.pipeline_run_id and _meta(j).get(META_STAGE) == self.stage
+            ]
+            active = sorted((j for j in mine if _status(j) in ACTIVE), key=lambda j: j.start_time or 0)
+            if active:
+                return self._attach(active)
+            done = next((j for j in mine if j.submission_id == self.base_submission_id), None)
+            if done is not None and _status(done) == "SUCCEEDED":
+                self.submission_id, self.reattached, self._already_succeeded = done.submission_id, True, True
+                self.log(f"job {done.submission_id} at {self.address} already SUCCEEDED; not running it again")
+                return done.submission_id
+            taken = {j.submission_id for j in jobs}
+            submission_id, k = self.base_submission_id, 0
+            while submission_id in taken:
+                k += 1
+                submission_id = f"{self.base_submission_id}-r{k}"
+            try:
+                self._submit(submission_id)
+            except RuntimeError as exc:
+                if "already exists" in str(exc):
+                    continue
+                raise
+            return submission_id
+        raise RetryableJobError(
+            f"could not submit {self.base_submission_id} at {self.address}: the id kept being taken concurrently",
+            address=self.address,
+        )
+
+    def wait(self) -> JobOutcome:
+        """Follow the job to a terminal status; see the module docstring for the mapping."""
+        if self.submission_id is None:
+            self.start()
+        if self._already_succeeded:
+            self._finished = True
+            return self._outcome("SUCCEEDED", "already succeeded")
+        self._follower = _LogFollower(self._client, self.submission_id, self.poll_s)
+        self._follower.start()
+        last_answer = time.monotonic()
+        while True:
+            self._drain_logs()
+            now = time.monotonic()
+            try:
+                info = self._client.get_job_info(self.submission_id)
+                last_answer = now
+            except RuntimeError as exc:
+                if "does not exist" in str(exc) or "status code 404" in str(exc):
+                    self._finished = True
+                    raise RetryableJobError(
+                        f"job {self.submission_id} disappeared from Ray at {self.address} (head restarted?): {exc}",
+                        address=self.address,
+                        submission_id=self.submission_id,
+                    ) from None
+                last_answer = self._tolerate_outage(exc, last_answer, now)
+                time.sleep(self.poll_s)
+                continue
+            except OSError as exc:  # connection refused/reset: requests' errors are OSErrors
+                last_answer = self._tolerate_outage(exc, last_answer, now)
+                time.sleep(self.poll_s)
+                continue
+            status = _status(info)
+            if status in TERMINAL:
+                break
+            if status == "RUNNING":
+                self._watch_progress(now)
+            time.sleep(self.poll_s)
+        self._follower.finish()
+        self._drain_logs()
+        self._finished = True
+        return self._map_final(info)
+
+    def stop(self, reason: str = "stopped", wait_s: float = 30.0) -> None:
+        """Best-effort stop of the Ray job (no error if it already ended or the head is gone).
+
+        Waits until Ray reports it terminal: a retry that looked while it was still stopping
+        would otherwise re-attach to the very job that was just given up on.
+        """
+        if self.submission_id is None or self._client is None or self._already_succeeded:
+            return
+        try:
+            stopped = self._client.stop_job(self.submission_id)
+            deadline = time.monotonic() + wait_s
+            while _status(self._client.get_job_info(self.submission_id)) not in TERMINAL:
+                if time.monotonic() > deadline:
+                    logger.warning(
+                        "Ray job %s at %s still not stopped after %.0f s", self.submission_id, self.address, wait_s
+                    )
+                    break
+                time.sleep(0.2)
+        except Exception as exc:  # noqa: BLE001 - stopping is best effort on the way out
+            logger.warning("could not stop Ray job %s at %s: %s", self.submission_id, self.address, exc)
+            return
+        finally:
+            self._finished = True
+        if stopped:
+            self.log(f"stopped Ray job {self.submission_id} at {self.address}: {reason}")
+
+    # --- internals ---
+
+    def _submit(self, submission_id: str) -> None:
+        options: dict[str, Any] = {}
+        if self.entrypoint_num_cpus is not None:
+            options["entrypoint_num_cpus"] = self.entrypoint_num_cpus
+        if self.entrypoint_num_gpus is not None:
+            options["entrypoint_num_gpus"] = self.entrypoint_num_gpus
+        metadata = {META_RUN: self.pipeline_run_id, META_STAGE: self.stage, META_ATTEMPT: str(self.attempt)}
+        self._call(
+            self._client.submit_job,
+            entrypoint=self.entrypoint,
+            submission_id=submission_id,
+            runtime_env=self.runtime_env,
+            metadata=metadata,
+            **options,
+        )
+        self.submission_id = submission_id
+        self.log(f"submitted Ray job {submission_id} to {self.address}: {self.entrypoint}")
+
+    def _attach(self, active: list) -> str:
+        keep, extras = active[-1], active[:-1]
+        for extra in extras:  # two trainers on one checkpoint dir would corrupt it
+            self._call(self._client.stop_job, extra.submission_id)
+            self.log(f"stopped duplicate Ray job {extra.submission_id} of pipeline run {self.pipeline_run_id}")
+        self.submission_id, self.reattached = keep.submission_id, True
+        self.log(
+            f"re-attached to {_status(keep)} Ray job {keep.submission_id} of pipeline run {self.pipeline_run_id} "
+            f"at {self.address} instead of submitting a second one"
+        )
+        return keep.submission_id
+
+    def _call(self, fn: Callable, *args, **kwargs):
+        """A client call whose connection failure becomes a retryable error naming the address."""
+        try:
+            return fn(*args, **kwargs)
+        except OSError as exc:
+            raise RetryableJobError(
+                f"Ray at {self.address} is unreachable ({type(exc).__name__}: {exc})", address=self.address
+            ) from None
+
+    def _tolerate_outage(self, exc: Exception, last_answer: float, now: float) -> float:
+        if now - last_answer > self.unreachable_grace_s:
+            self._finished = True
+            raise RetryableJobError(
+                f"Ray at {self.address} stopped answering for {now - last_answer:.0f} s while job "
+                f"{self.submission_id} was running (head gone?): {type(exc).__name__}: {exc}",
+                address=self.address,
+                submission_id=self.submission_id,
+            ) from None
+        return last_answer
+
+    def _drain_logs(self) -> None:
+        if self._follower is None:
+            return
+        feed = getattr(self.progress_probe, "feed", None)
+        while True:
+            try:
+                line = self._follower.lines.get_nowait()
+            except queue.Empty:
+                return
+            self._lines += 1
+            self._recent.append(line)
+            if feed is not None:
+                feed(line)
+            self.log(line)
+
+    def _watch_progress(self, now: float) -> None:
+        if self.hang_timeout_s is None or self.progress_probe is None:
+            return
+        try:
+            value = self.progress_probe()
+        except Exception as exc:  # noqa: BLE001 - a broken probe must not kill a healthy job
+            logger.warning("progress probe failed: %s", exc)
+            value = self._progress_value
+        if self._progress_since is None or value != self._progress_value:
+            self._progress_value, self._progress_since = value, now
+            return
+        idle_s = now - self._progress_since
+        if idle_s > self.hang_timeout_s:
+            self.stop(reason=f"no progress for {idle_s:.0f} s")
+            raise RetryableJobError(
+                f"job {self.submission_id} at {self.address} hung: no progress for {idle_s:.0f} s "
+                f"(hang_timeout_s={self.hang_timeout_s:g}; last progress: {self._progress_value!r}); stopped it",
+                address=self.address,
+                submission_id=self.submission_id,
+            )
+
+    def _map_final(self, info) -> JobOutcome:
+        status = _status(info)
+        if status == "SUCCEEDED":
+            return self._outcome(status, info.message or "")
+        tail = "\n".join(list(self._recent)[-20:])
+        if status == "STOPPED":
+            raise RetryableJobError(
+                f"job {self.submission_id} at {self.address} was STOPPED before finishing (stopped outside this "
+                f"submitter, or the head stopped it)\n{tail}",
+                address=self.address,
+                submission_id=self.submission_id,
+            )
+        exit_code = _exit_code(info)
+        if exit_code == CONFIG_ERROR_EXIT_CODE:
+            raise JobConfigError(
+                f"job {self.submission_id} at {self.address} rejected its configuration (exit code 2); fix the "
+                f"config and run again. Last log lines:\n{tail}",
+                address=self.address,
+                submission_id=self.submission_id,
+            )
+        raise RetryableJobError(
+            f"job {self.submission_id} at {self.address} FAILED (exit code {exit_code}, {info.error_type or 'no error type'})"
+            f"; a retry resumes from the latest checkpoint. Last log lines:\n{tail}",
+            address=self.address,
+            submission_id=self.submission_id,
+        )
+
+    def _outcome(self, status: str, message: str) -> JobOutcome:
+        return JobOutcome(
+            submission_id=self.submission_id,
+            address=self.address,
+            status=status,
+            reattached=self.reattached,
+            duration_s=time.monotonic() - self._started_at,
+            log_lines=self._lines,
+            message=message,
+        )
+
+
+def submit_training(
+    address: str,
+    entrypoint_module: str,
+    config_path: str | Path,
+    pipeline_run_id: str,
+    attempt: int,
+    *,
+    runtime_env: dict[str, Any] | None | Literal["auto"] = "auto",
+    env_vars: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
+    log: LogFn | None = None,
+    hang_timeout_s: float | None = None,
+    progress_probe: Callable[[], object] | None = None,
+    python: str = "python",
+    **job_options: Any,
+) -> JobOutcome:
+    """Run ``python -m <entrypoint_module> --config <config_path>`` as this pipeline run's
+    training job and block until it ends. ``config_path`` must be readable where the job runs
+    (the shared mount on a cluster). Raises :class:`JobConfigError` or :class:`RetryableJobError`.
+    """
+    entrypoint = module_entrypoint(entrypoint_module, config_path, python)
+    with RayJob(
+        address,
+        entrypoint,
+        pipeline_run_id=pipeline_run_id,
+        attempt=attempt,
+        stage="train",
+        runtime_env=runtime_env,
+        env_vars=env_vars,
+        headers=headers,
+        log=log,
+        hang_timeout_s=hang_timeout_s,
+        progress_probe=progress_probe,
+        **job_options,
+    ) as job:
+        return job.wait()
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def _status(job) -> str:
+    status = job.status
+    return str(getattr(status, "value", status))
+
+
+def _meta(job) -> dict[str, str]:
+    return job.metadata or {}
+
+
+def _exit_code(info) -> int | None:
+    """Ray >= 2.4x reports ``driver_exit_code``; older servers only say it in the message."""
+    code = getattr(info, "driver_exit_code", None)
+    if code is not None:
+        return int(code)
+    match = _EXIT_CODE.search(info.message or "")
+    return int(match.group(1)) if match else None
+
+
+class _LogFollower(threading.Thread):
+    """Follows a job's output into a queue of complete lines.
+
+    ``tail_job_logs`` (a websocket) is the cheap path for long jobs; if it fails (a proxy
+    without websockets, a head hiccup), poll ``get_job_logs`` and emit only what lies beyond
+    the characters already seen. The websocket closes a few seconds after the job ends, so
+    :meth:`finish` stops waiting for it and fetches the remainder itself.
+    """
+
+    def __init__(self, client, submission_id: str, poll_s: float):
+        super().__init__(name=f"ray-logs-{submission_id}", daemon=True)
+        self.client = client
+        self.submission_id = submission_id
+        self.poll_s = poll_s
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.error: Exception | None = None
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._seen_chars = 0
+        self._partial = ""
+
+    def run(self) -> None:
+        try:
+            asyncio.run(self._tail())
+        except Exception as exc:  # noqa: BLE001 - fall back to polling below
+            self.error = exc
+            self._poll()
+
+    def finish(self, grace_s: float = 0.5) -> None:
+        """After the job ended: let the stream close by itself, else take the rest by one fetch."""
+        self.join(timeout=grace_s)
+        with self._lock:
+            self._abandoned = True
+            if self.is_alive():
+                try:
+                    text = self.client.get_job_logs(self.submission_id)
+                except Exception:  # noqa: BLE001 - the log tail is best effort once the job ended
+                    text = ""
+                if len(text) > self._seen_chars:
+                    self._take_locked(text[self._seen_chars :])
+            if self._partial:
+                self.lines.put(self._partial.rstrip("\r"))
+                self._partial = ""
+
+    async def _tail(self) -> None:
+        async for chunk in self.client.tail_job_logs(self.submission_id):
+            if not self._take(chunk):
+                return
+
+    def _poll(self) -> None:
+        while True:
+            try:
+                text = self.client.get_job_logs(self.submission_id)
+                status = _status(self.client.get_job_info(self.submission_id))
+            except Exception:  # noqa: BLE001 - the main loop reports the outage
+                return
+            if len(text) > self._seen_chars and not self._take(text[self._seen_chars :]):
+                return
+            if status in TERMINAL:
+                return
+            time.sleep(self.poll_s)
+
+    def _take(self, chunk: str) -> bool:
+        with self._lock:
+            if self._abandoned:
+                return False
+            self._take_locked(chunk)
+            return True
+
+    def _take_locked(self, chunk: str) -> None:
+        self._seen_chars += len(chunk)
+        *complete, self._partial = (self._partial + chunk).split("\n")
+        for line in complete:
+            self.lines.put(line.rstrip("\r"))

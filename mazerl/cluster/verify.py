@@ -1,0 +1,326 @@
+"""``verify_cluster``: refuse to spend GPU hours on a cluster that cannot finish the run.
+
+Runs first in the pipeline and costs seconds. Every check is a row (name, expected, found,
+ok) of a :class:`~mazerl.cluster.report.ClusterReport`, which the orchestrator publishes as a
+Prefect table artifact and an MLflow table (``report.records()``) and turns into a failure
+with ``report.raise_for_failures()``.
+
+The checks:
+
+- ``ray.address``: the job server answers (``JobSubmissionClient`` asks ``/api/version``),
+  with the token when the cluster wants one (see :mod:`mazerl.cluster.client`).
+- ``ray.probe_job``: a short job, ``python -m mazerl.cluster.probe``, runs on the cluster;
+  it also proves the project is importable there. It reports what the cluster looks like
+  from inside (:mod:`mazerl.cluster.probe`), from which come:
+  ``ray.version`` (same major version as this client, >= 2.52 for token auth),
+  ``ray.nodes`` (enough ALIVE nodes), ``ray.dead_nodes`` (every DEAD node replaced),
+  ``ray.gpus`` (enough GPUs in total), ``ray.gpu_placement`` (enough nodes with the GPUs
+  per node the placement needs), ``storage.shared`` (a probe file written on each alive node
+  is read back by the next), ``storage.free_space`` (free bytes under the data root on every
+  node), ``inputs.base_model`` (config, weights, processor, tokenizer readable on a worker).
+- ``inputs.eval_set``: the eval set loads and its digest verifies (here, in this process).
+- ``hyperpod.*`` when a HyperPod cluster name is given (:mod:`mazerl.cluster.hyperpod`).
+
+A failure early on (address unreachable) skips the Ray rows that depend on it instead of
+waiting on timeouts; the independent rows still run.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Literal
+
+from mazerl.cluster.client import job_client, parse_address
+from mazerl.cluster.errors import ConfigError, RetryableJobError
+from mazerl.cluster.probe import RESULT_PREFIX
+from mazerl.cluster.report import CheckRow, ClusterReport
+from mazerl.cluster.submitter import TERMINAL, runtime_env_for
+
+GIB = 1024**3
+MIN_RAY_VERSION = (2, 52)  # token authentication
+# Free space to ask for when the caller gives none: the merged model is a full copy of the
+# base weights; LoRA checkpoints (adapter + its optimizer state, a few percent of the base
+# model each) and the exported adapter fit in the remaining quarter.
+FREE_SPACE_FACTOR = 1.25
+
+
+def requirements_for(config) -> dict[str, int]:
+    """The placement a :class:`~mazerl.training.config.TrainConfig` needs, as ``verify_cluster`` kwargs.
+
+    local: one node, no GPUs. skyrl: ``num_nodes`` nodes with ``num_gpus`` GPUs each (FSDP
+    workers and colocated vLLM engines, ``engines x tensor_parallel_size`` GPUs in all).
+    """
+    if config.backend == "skyrl":
+        return {
+            "required_nodes": config.skyrl.num_nodes,
+            "required_gpus": config.skyrl.num_gpus * config.skyrl.num_nodes,
+            "gpus_per_node": config.skyrl.num_gpus,
+        }
+    return {"required_nodes": 1, "required_gpus": 0, "gpus_per_node": 0}
+
+
+def verify_cluster(
+    address: str,
+    *,
+    data_root: str,
+    required_nodes: int = 1,
+    required_gpus: int = 0,
+    gpus_per_node: int = 0,
+    required_free_bytes: int | None = None,
+    base_model: str | None = None,
+    eval_set: str | None = None,
+    headers: dict[str, str] | None = None,
+    runtime_env: dict[str, Any] | None | Literal["auto"] = "auto",
+    hyperpod_cluster: str | None = None,
+    hyperpod_region: str | None = None,
+    sagemaker_client: Any = None,
+    timeout_s: float = 60.0,
+    log: Callable[[str], None] | None = None,
+) -> ClusterReport:
+    """Check that the cluster at ``address`` can run a training config; never raises for a
+    failed check (each becomes a row), only for arguments that make no sense.
+
+    ``data_root`` is the path as the cluster's nodes see it (``/shared`` on HyperPod).
+    ``required_free_bytes`` None: 1.25 x the base model's weights (0 without a base model).
+    """
+    for name, value in (
+        ("required_nodes", required_nodes),
+        ("required_gpus", required_gpus),
+        ("gpus_per_node", gpus_per_node),
+    ):
+        if not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{name} ({value!r}) must be an integer >= 0")
+    if required_nodes < 1:
+        raise ConfigError(f"required_nodes ({required_nodes}) must be >= 1: the head is a node")
+    if not data_root or not str(data_root).startswith("/"):
+        raise ConfigError(
+            f"data_root ({data_root!r}) must be an absolute path as the cluster's nodes see it, e.g. /shared"
+        )
+    started = time.monotonic()
+    parsed = parse_address(address)
+    say = log or (lambda _line: None)
+    rows: list[CheckRow] = []
+
+    client = _connect(parsed.value, headers, rows)
+    if client is not None:
+        env = runtime_env_for(parsed.value) if runtime_env == "auto" else runtime_env
+        request = {"data_root": str(data_root), "base_model": str(base_model) if base_model else None}
+        say(f"verify_cluster: probing {parsed.value}")
+        probe = _run_probe(client, parsed.value, request, env, timeout_s, rows)
+        if probe is not None:
+            rows.extend(
+                _ray_rows(probe, required_nodes, required_gpus, gpus_per_node)
+                + _storage_rows(probe, str(data_root), required_free_bytes)
+                + _model_rows(probe)
+            )
+    if eval_set:
+        rows.append(_eval_set_row(eval_set))
+    if hyperpod_cluster:
+        rows.extend(_hyperpod_rows(hyperpod_cluster, hyperpod_region, sagemaker_client))
+    report = ClusterReport(address=parsed.value, rows=tuple(rows), seconds=round(time.monotonic() - started, 2))
+    say(
+        f"verify_cluster: {'ready' if report.ok else 'NOT ready'} ({len(report.failures)} of {len(rows)} checks failed)"
+    )
+    return report
+
+
+# --- Ray ----------------------------------------------------------------------------------
+
+
+def _connect(address: str, headers: dict[str, str] | None, rows: list[CheckRow]):
+    expected = "the job API answers (/api/version)"
+    try:
+        client = job_client(address, headers)
+    except (ConfigError, RetryableJobError) as exc:
+        rows.append(CheckRow("ray.address", expected, str(exc), False))
+        return None
+    rows.append(CheckRow("ray.address", expected, f"answers at {address}", True))
+    return client
+
+
+def _run_probe(client, address: str, request: dict, runtime_env, timeout_s: float, rows: list[CheckRow]) -> dict | None:
+    expected = "probe job SUCCEEDED (mazerl importable on the cluster)"
+    submission_id = f"mazerl-verify-{uuid.uuid4().hex[:10]}"
+    entrypoint = f"python -m mazerl.cluster.probe {shlex.quote(json.dumps(request))}"
+    started = time.monotonic()
+    try:
+        client.submit_job(
+            entrypoint=entrypoint,
+            submission_id=submission_id,
+            runtime_env=runtime_env,
+            metadata={"mazerl_stage": "verify"},
+        )
+        while True:
+            info = client.get_job_info(submission_id)
+            if str(getattr(info.status, "value", info.status)) in TERMINAL:
+                break
+            if time.monotonic() - started > timeout_s:
+                client.stop_job(submission_id)
+                rows.append(
+                    CheckRow("ray.probe_job", expected, f"did not finish within {timeout_s:.0f} s; stopped", False)
+                )
+                return None
+            time.sleep(0.2)
+        logs = client.get_job_logs(submission_id)
+    except (OSError, RuntimeError) as exc:
+        rows.append(CheckRow("ray.probe_job", expected, f"job API failed: {type(exc).__name__}: {exc}", False))
+        return None
+    status = str(getattr(info.status, "value", info.status))
+    result = next(
+        (json.loads(line[len(RESULT_PREFIX) :]) for line in logs.splitlines() if line.startswith(RESULT_PREFIX)), None
+    )
+    seconds = time.monotonic() - started
+    if status != "SUCCEEDED" or result is None:
+        last = " | ".join(line for line in logs.splitlines()[-6:] if line.strip())
+        hint = " (is mazerl installed in the cluster image / on PYTHONPATH?)" if "No module named" in logs else ""
+        rows.append(CheckRow("ray.probe_job", expected, f"{status} after {seconds:.1f} s{hint}: {last}", False))
+        return None
+    rows.append(CheckRow("ray.probe_job", expected, f"SUCCEEDED in {seconds:.1f} s ({submission_id})", True))
+    return result
+
+
+def _ray_rows(probe: dict, required_nodes: int, required_gpus: int, gpus_per_node: int) -> list[CheckRow]:
+    import ray
+
+    client_version = ray.__version__
+    cluster_version = probe.get("ray_version", "unknown")
+    major_minor = _version_tuple(cluster_version)
+    version_ok = major_minor[:1] == _version_tuple(client_version)[:1] and major_minor >= MIN_RAY_VERSION
+    rows = [
+        CheckRow(
+            "ray.version",
+            f"major {client_version.split('.')[0]} like this client ({client_version}), >= {'.'.join(map(str, MIN_RAY_VERSION))}",
+            f"{cluster_version} (python {probe.get('python', '?')})",
+            version_ok,
+        )
+    ]
+    nodes = probe.get("nodes", [])
+    alive = [n for n in nodes if n["alive"]]
+    dead = [n for n in nodes if not n["alive"]]
+    rows.append(
+        CheckRow(
+            "ray.nodes",
+            f">= {required_nodes} ALIVE",
+            f"{len(alive)} ALIVE, {len(dead)} DEAD",
+            len(alive) >= required_nodes,
+        )
+    )
+    dead_text = ", ".join(n["address"] for n in dead[:8]) + (" ..." if len(dead) > 8 else "")
+    rows.append(
+        CheckRow(
+            "ray.dead_nodes",
+            f"no DEAD node missing from the {required_nodes} needed",
+            f"{len(dead)} DEAD ({dead_text}); {len(alive)} ALIVE" if dead else "none",
+            not dead or len(alive) >= required_nodes,
+        )
+    )
+    total_gpus = sum(n["gpus"] for n in alive)
+    rows.append(
+        CheckRow(
+            "ray.gpus",
+            f">= {required_gpus} GPUs in total",
+            f"{total_gpus:g} GPUs on ALIVE nodes",
+            total_gpus >= required_gpus,
+        )
+    )
+    if gpus_per_node > 0:
+        fitting = [n for n in alive if n["gpus"] >= gpus_per_node]
+        per_node = ", ".join(f"{n['address']}: {n['gpus']:g}" for n in alive if n["gpus"] > 0) or "no GPU nodes"
+        rows.append(
+            CheckRow(
+                "ray.gpu_placement",
+                f">= {required_nodes} nodes with >= {gpus_per_node} GPUs each",
+                f"{len(fitting)} such nodes ({per_node})",
+                len(fitting) >= required_nodes,
+            )
+        )
+    return rows
+
+
+def _storage_rows(probe: dict, data_root: str, required_free_bytes: int | None) -> list[CheckRow]:
+    storage = probe.get("storage") or []
+    failures = []
+    for entry in storage:
+        if not entry["write"].get("ok"):
+            failures.append(f"write on {entry['writer']}: {entry['write'].get('error')}")
+        elif not entry["read"].get("ok"):
+            failures.append(f"read on {entry['reader']} of {entry['writer']}'s file: {entry['read'].get('error')}")
+    rows = [
+        CheckRow(
+            "storage.shared",
+            f"a file written under {data_root} on each ALIVE node is read back by the next",
+            f"{len(storage)}/{len(storage)} nodes ok"
+            if storage and not failures
+            else "; ".join(failures) or "no nodes probed",
+            bool(storage) and not failures,
+        )
+    ]
+    if required_free_bytes is None:
+        weights = (probe.get("base_model") or {}).get("weights_bytes", 0)
+        required_free_bytes = int(weights * FREE_SPACE_FACTOR)
+    free = [(e["write"]["free_bytes"], e["writer"]) for e in storage if "free_bytes" in e["write"]]
+    if free:
+        least, where = min(free)
+        found = f"{least / GIB:.1f} GiB free (least: {where})"
+        ok = least >= required_free_bytes
+    else:
+        found, ok = "not measured (no node could write)", False
+    rows.append(
+        CheckRow("storage.free_space", f">= {required_free_bytes / GIB:.1f} GiB free under {data_root}", found, ok)
+    )
+    return rows
+
+
+def _model_rows(probe: dict) -> list[CheckRow]:
+    model = probe.get("base_model")
+    if model is None:
+        return []
+    expected = f"config, weights, processor, tokenizer readable in {model.get('path')} on a worker"
+    if "missing" not in model:  # the task itself failed
+        return [
+            CheckRow("inputs.base_model", expected, f"check failed on {model.get('node')}: {model.get('error')}", False)
+        ]
+    if model["missing"]:
+        return [
+            CheckRow("inputs.base_model", expected, f"on {model['node']} missing: {', '.join(model['missing'])}", False)
+        ]
+    return [
+        CheckRow(
+            "inputs.base_model",
+            expected,
+            f"ok on {model['node']} ({model['weights_bytes'] / GIB:.2f} GiB of weights)",
+            True,
+        )
+    ]
+
+
+def _eval_set_row(name: str) -> CheckRow:
+    from envs import evalset
+
+    expected = f"eval set {name} loads and its digest verifies"
+    try:
+        loaded = evalset.load(name)
+    except evalset.EvalSetError as exc:
+        return CheckRow("inputs.eval_set", expected, str(exc), False)
+    return CheckRow("inputs.eval_set", expected, f"sha256 {loaded.digest[:12]}..., {len(loaded)} mazes", True)
+
+
+def _hyperpod_rows(cluster: str, region: str | None, client: Any) -> list[CheckRow]:
+    from mazerl.cluster.hyperpod import check_hyperpod
+
+    try:
+        return check_hyperpod(cluster, region=region, client=client)
+    except (ConfigError, RetryableJobError) as exc:
+        return [CheckRow("hyperpod.cluster", f"HyperPod cluster {cluster} readable and InService", str(exc), False)]
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)

@@ -1,0 +1,359 @@
+"""The job submitter against a real local Ray head, with real jobs written by the tests.
+
+Each job is a tiny Python script in a temp dir: one that succeeds with log lines, one that
+exits 2 (config error), one that exits 1, one that hangs silently, one killed mid-run. Every
+test uses its own pipeline run id, so they share the session's head without interfering.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from mazerl.cluster.errors import ConfigError, JobConfigError, RetryableJobError
+from mazerl.cluster.submitter import (
+    CheckpointProbe,
+    LogStepProbe,
+    RayJob,
+    module_entrypoint,
+    submission_id_for,
+    submit_training,
+)
+
+SCRIPTS = {
+    "ok.py": """
+        import time
+        for step in range(3):
+            print(f"step {step} reward 0.5", flush=True)
+            time.sleep(0.1)
+        print("training complete", flush=True)
+    """,
+    "bad_config.py": """
+        import sys
+        print("config error: learning_rate (-1.0) must be > 0", file=sys.stderr, flush=True)
+        sys.exit(2)
+    """,
+    "crash.py": """
+        import sys
+        print("step 1", flush=True)
+        raise RuntimeError("CUDA error: device-side assert (simulated)")
+    """,
+    "hang.py": """
+        import time
+        print("step 0", flush=True)
+        time.sleep(600)
+    """,
+    # Prints its pid, then waits to be killed (or for the release file, never written).
+    "victim.py": """
+        import os, sys, time
+        print(f"pid={os.getpid()}", flush=True)
+        print("step 0", flush=True)
+        time.sleep(600)
+    """,
+    # Runs until the file named by argv[1] exists: lets a test re-attach while it runs.
+    "gated.py": """
+        import os, sys, time
+        print("step 1", flush=True)
+        while not os.path.exists(sys.argv[1]):
+            time.sleep(0.1)
+        print("released", flush=True)
+    """,
+    # Fails on its first run (no marker yet), succeeds on the next: a retry that resumes.
+    "flaky.py": """
+        import os, sys
+        marker = sys.argv[1]
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            print("first try fails", flush=True)
+            sys.exit(1)
+        print("second try succeeds", flush=True)
+    """,
+}
+
+
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("jobs")
+    for name, body in SCRIPTS.items():
+        (folder / name).write_text(textwrap.dedent(body))
+    return folder
+
+
+def run_id() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+def job(head, script: Path, *args: str, run: str, attempt: int = 1, lines: list[str] | None = None, **kwargs) -> RayJob:
+    entrypoint = " ".join([sys.executable, str(script), *args])
+    sink = lines.append if lines is not None else (lambda _line: None)
+    return RayJob(
+        head.address, entrypoint, pipeline_run_id=run, attempt=attempt, headers=head.auth_headers(), log=sink, **kwargs
+    )
+
+
+def client_for(head):
+    from ray.job_submission import JobSubmissionClient
+
+    return JobSubmissionClient(head.address, headers=head.auth_headers())
+
+
+def jobs_of(head, run: str) -> list:
+    return [j for j in client_for(head).list_jobs() if (j.metadata or {}).get("mazerl_pipeline_run") == run]
+
+
+# --- pure: ids and entrypoints -------------------------------------------------------------
+
+
+def test_submission_id_is_deterministic_per_run_and_attempt():
+    assert submission_id_for("f1a2", 1) == submission_id_for("f1a2", 1) == "mazerl-f1a2-train-a1"
+    assert submission_id_for("f1a2", 2) != submission_id_for("f1a2", 1), "each attempt gets its own id"
+    assert submission_id_for("f1a2", 1, stage="eval") == "mazerl-f1a2-eval-a1"
+
+
+@pytest.mark.parametrize(
+    ("run", "attempt", "stage", "names"),
+    [
+        ("", 1, "train", "pipeline_run_id"),
+        ("has space", 1, "train", "pipeline_run_id"),
+        ("semi;colon", 1, "train", "pipeline_run_id"),
+        ("x" * 101, 1, "train", "pipeline_run_id"),
+        ("ok", 0, "train", "attempt"),
+        ("ok", True, "train", "attempt"),
+        ("ok", "1", "train", "attempt"),
+        ("ok", 1, "a b", "stage"),
+    ],
+)
+def test_submission_id_rejects_bad_input_naming_the_parameter(run, attempt, stage, names):
+    with pytest.raises(ConfigError, match=names):
+        submission_id_for(run, attempt, stage)
+
+
+@pytest.mark.parametrize(
+    ("module", "config", "expected"),
+    [
+        (
+            "mazerl.training.local_entry",
+            "/shared/runs/r1/config.json",
+            "python -m mazerl.training.local_entry --config /shared/runs/r1/config.json",
+        ),
+        ("m", "/tmp/a b.json", "python -m m --config '/tmp/a b.json'"),
+    ],
+)
+def test_module_entrypoint_quotes_the_config_path(module, config, expected):
+    assert module_entrypoint(module, config) == expected
+
+
+@pytest.mark.parametrize("module", ["", "mazerl/training", "x; rm -rf /", "1abc", "a..b"])
+def test_module_entrypoint_rejects_non_module_names(module):
+    with pytest.raises(ConfigError, match="entrypoint_module"):
+        module_entrypoint(module, "/tmp/c.json")
+
+
+def test_log_step_probe_keeps_the_largest_step_seen():
+    probe = LogStepProbe()
+    assert probe() is None, "no step seen yet"
+    for line in ["loading model", "step 3 reward 0.1", "global_step: 7", "Step=5", "eval at step 6"]:
+        probe.feed(line)
+    assert probe() == 7, "the largest step number in the lines fed so far"
+
+
+def test_checkpoint_probe_reads_the_marker(tmp_path):
+    probe = CheckpointProbe(tmp_path)
+    assert probe() is None, "no marker yet"
+    (tmp_path / "latest_ckpt_global_step.txt").write_text("12\n")
+    assert probe() == 12
+    (tmp_path / "latest_ckpt_global_step.txt").write_text("garbage")
+    assert probe() is None, "an unreadable marker is no progress, not a crash"
+
+
+# --- real jobs on the local head -------------------------------------------------------------
+
+
+def test_successful_job_streams_its_log_lines_in_order(local_ray_head, scripts):
+    lines: list[str] = []
+    run = run_id()
+    with job(local_ray_head, scripts / "ok.py", run=run, lines=lines) as running:
+        outcome = running.wait()
+    assert outcome.status == "SUCCEEDED"
+    assert outcome.submission_id == f"mazerl-{run}-train-a1", "deterministic id for (run, attempt 1)"
+    assert outcome.reattached is False
+    own = [line for line in lines if line.startswith(("step", "training"))]
+    assert own == ["step 0 reward 0.5", "step 1 reward 0.5", "step 2 reward 0.5", "training complete"], lines
+    assert outcome.log_lines >= 4
+
+
+def test_succeeded_attempt_is_returned_not_run_again(local_ray_head, scripts):
+    run = run_id()
+    first = job(local_ray_head, scripts / "ok.py", run=run)
+    with first:
+        first.wait()
+    lines: list[str] = []
+    again = job(local_ray_head, scripts / "ok.py", run=run, lines=lines)
+    with again:
+        outcome = again.wait()
+    assert outcome.reattached and outcome.submission_id == f"mazerl-{run}-train-a1"
+    assert len(jobs_of(local_ray_head, run)) == 1, "the same (run, attempt) must not start a second job"
+
+
+def test_exit_code_2_is_a_config_error_with_the_jobs_message(local_ray_head, scripts):
+    with (
+        pytest.raises(JobConfigError) as caught,
+        job(local_ray_head, scripts / "bad_config.py", run=run_id()) as running,
+    ):
+        running.wait()
+    message = str(caught.value)
+    assert "learning_rate (-1.0) must be > 0" in message, "the entrypoint's own error reaches the caller"
+    assert local_ray_head.address in message and "exit code 2" in message
+    assert isinstance(caught.value, ConfigError) and not isinstance(caught.value, RetryableJobError)
+
+
+def test_exit_code_1_is_retryable_and_the_retry_gets_a_fresh_id(local_ray_head, scripts, tmp_path):
+    run = run_id()
+    marker = tmp_path / "tried-once"
+    with (
+        pytest.raises(RetryableJobError) as caught,
+        job(local_ray_head, scripts / "flaky.py", str(marker), run=run) as running,
+    ):
+        running.wait()
+    assert local_ray_head.address in str(caught.value) and "exit code 1" in str(caught.value)
+    # The same attempt submitted again (e.g. the flow run re-run) must not collide with the failed id.
+    with job(local_ray_head, scripts / "flaky.py", str(marker), run=run) as running:
+        outcome = running.wait()
+    assert outcome.submission_id == f"mazerl-{run}-train-a1-r1", "a failed id is never reused"
+    assert outcome.status == "SUCCEEDED"
+
+
+def test_crash_is_retryable_and_names_address(local_ray_head, scripts):
+    with pytest.raises(RetryableJobError) as caught, job(local_ray_head, scripts / "crash.py", run=run_id()) as running:
+        running.wait()
+    assert "device-side assert" in str(caught.value), "the job's last lines are in the error"
+    assert caught.value.address == local_ray_head.address
+
+
+def test_reattaches_to_the_running_job_of_the_same_run_instead_of_a_second(local_ray_head, scripts, tmp_path):
+    run = run_id()
+    release = tmp_path / "release"
+    first = job(local_ray_head, scripts / "gated.py", str(release), run=run, attempt=1)
+    first_id = first.start()  # the orchestrator submits, then dies without waiting
+    lines: list[str] = []
+    second = job(local_ray_head, scripts / "gated.py", str(release), run=run, attempt=2, lines=lines)
+    assert second.start() == first_id, "attempt 2 must follow attempt 1's still-running job"
+    threading.Timer(2.0, release.touch).start()
+    outcome = second.wait()
+    assert outcome.reattached and outcome.status == "SUCCEEDED" and outcome.submission_id == first_id
+    assert "released" in lines, "logs of the re-attached job are streamed too"
+    assert [j.submission_id for j in jobs_of(local_ray_head, run)] == [first_id], "exactly one job for the run"
+
+
+def test_hung_job_is_stopped_and_reported_retryable(local_ray_head, scripts):
+    run = run_id()
+    running = job(local_ray_head, scripts / "hang.py", run=run, hang_timeout_s=3.0, poll_s=0.25)
+    started = time.monotonic()
+    with pytest.raises(RetryableJobError, match="hung") as caught, running:
+        running.wait()
+    assert time.monotonic() - started < 45, "the watchdog fires soon after the timeout"
+    assert "last progress: 0" in str(caught.value), "the last step seen in the log is reported"
+    status = client_for(local_ray_head).get_job_status(running.submission_id)
+    assert str(status) == "STOPPED", f"the hung job must be stopped before the error is raised ({status})"
+
+
+def test_job_killed_mid_run_is_retryable(local_ray_head, scripts):
+    def kill_on_pid(line: str) -> None:
+        if line.startswith("pid="):
+            os.kill(int(line.split("=")[1]), signal.SIGKILL)
+
+    running = RayJob(
+        local_ray_head.address,
+        f"{sys.executable} {scripts / 'victim.py'}",
+        pipeline_run_id=run_id(),
+        attempt=1,
+        headers=local_ray_head.auth_headers(),
+        log=kill_on_pid,
+    )
+    with pytest.raises(RetryableJobError) as caught, running:
+        running.wait()
+    assert "FAILED" in str(caught.value) and local_ray_head.address in str(caught.value)
+
+
+class Cancelled(BaseException):
+    """Stands in for Prefect's cancellation / KeyboardInterrupt reaching the waiting task."""
+
+
+def test_cancelling_the_caller_stops_the_ray_job(local_ray_head, scripts):
+    def cancel_on_first_step(line: str) -> None:
+        if line.startswith("step"):
+            raise Cancelled
+
+    running = RayJob(
+        local_ray_head.address,
+        f"{sys.executable} {scripts / 'hang.py'}",
+        pipeline_run_id=run_id(),
+        attempt=1,
+        headers=local_ray_head.auth_headers(),
+        log=cancel_on_first_step,
+    )
+    with pytest.raises(Cancelled), running:
+        running.wait()
+    client = client_for(local_ray_head)
+    deadline = time.monotonic() + 20
+    while (
+        str(client.get_job_status(running.submission_id)) not in ("STOPPED", "FAILED") and time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    assert str(client.get_job_status(running.submission_id)) == "STOPPED", (
+        "a cancelled caller must not leave a job behind"
+    )
+
+
+def test_submit_training_runs_a_module_entrypoint_with_the_config(local_ray_head, tmp_path):
+    """The real entrypoint shape, ``python -m <module> --config <file>``: plain ``python`` must be
+    this venv's interpreter on the head, and the job must import this checkout's code."""
+    from mazerl.cluster.submitter import project_root
+
+    (tmp_path / "fake_entry.py").write_text(
+        textwrap.dedent(
+            """
+            import argparse, json
+            import mazerl.cluster  # the project is importable inside the job
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--config", required=True)
+            config = json.load(open(parser.parse_args().config))
+            print(f"step 1 run_id={config['run_id']}", flush=True)
+            """
+        )
+    )
+    config = tmp_path / "train config.json"  # a space: the path must be quoted
+    config.write_text('{"run_id": "r-42"}')
+    lines: list[str] = []
+    outcome = submit_training(
+        local_ray_head.address,
+        "fake_entry",
+        config,
+        run_id(),
+        1,
+        runtime_env={"env_vars": {"PYTHONPATH": f"{project_root()}{os.pathsep}{tmp_path}"}},
+        headers=local_ray_head.auth_headers(),
+        log=lines.append,
+    )
+    assert outcome.status == "SUCCEEDED"
+    assert "step 1 run_id=r-42" in lines, lines
+
+
+def test_unreachable_address_is_retryable_and_names_it():
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    address = f"http://127.0.0.1:{port}"
+    with pytest.raises(RetryableJobError) as caught:
+        submit_training(address, "mazerl.training.local_entry", "/tmp/c.json", run_id(), 1)
+    assert address in str(caught.value) and caught.value.address == address
