@@ -61,11 +61,10 @@ def parse_address(address: str) -> RayAddress:
             f"ray address ({address!r}) is empty: give the Ray dashboard address, e.g. http://127.0.0.1:8265, "
             "or sagemaker_ray://<cluster>/<namespace> for HyperPod"
         )
-    value = address.strip().rstrip("/")
-    if "://" not in value:
-        value = f"http://{value}"
-    scheme, _, rest = value.partition("://")
-    scheme = scheme.lower()
+    raw = address.strip()
+    scheme, _, rest = raw.partition("://") if "://" in raw else ("http", "", raw)
+    scheme, rest = scheme.lower(), rest.rstrip("/")
+    value = f"{scheme}://{rest}"
     if scheme == "ray":
         raise ConfigError(
             f"ray address ({address!r}) is a Ray Client address; jobs are submitted to the dashboard's job server: "

@@ -1,0 +1,139 @@
+"""The embedded local Ray head: loopback only, token auth, reuse, stop, and a head that goes away."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import psutil
+import pytest
+
+from mazerl.cluster.client import job_client
+from mazerl.cluster.errors import RetryableJobError
+from mazerl.cluster.ray_local import (
+    REGISTRY_NAME,
+    LocalRayError,
+    ensure_local_head,
+    find_local_head,
+    local_ray_head,
+    start_local_head,
+)
+from mazerl.cluster.submitter import RayJob
+
+LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
+
+
+def head_processes(head) -> list[psutil.Process]:
+    """The head's `ray start` process, everything it started, and its process group."""
+    root = psutil.Process(head.pid)
+    found = {p.pid: p for p in [root, *root.children(recursive=True)]}
+    for process in psutil.process_iter():
+        try:
+            if os.getpgid(process.pid) == head.pid:
+                found.setdefault(process.pid, process)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return list(found.values())
+
+
+def test_every_listening_socket_of_the_head_is_loopback(local_ray_head, tmp_path):
+    # A running job makes the head start its job supervisor and a worker: they listen too.
+    script = tmp_path / "wait.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(30)\n")
+    running = RayJob(
+        local_ray_head.address,
+        f"{sys.executable} {script}",
+        pipeline_run_id=f"sock{uuid.uuid4().hex[:8]}",
+        attempt=1,
+        headers=local_ray_head.auth_headers(),
+        log=lambda _line: None,
+    )
+    with running:
+        client = job_client(local_ray_head.address, local_ray_head.auth_headers())
+        deadline = time.monotonic() + 30
+        while str(client.get_job_status(running.submission_id)) != "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        pids = {p.pid for p in head_processes(local_ray_head)}
+        listening = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in pids]
+        running.stop()
+    ports = {c.laddr.port for c in listening}
+    dashboard_port = int(local_ray_head.address.rsplit(":", 1)[1])
+    assert dashboard_port in ports, "the head's own sockets were examined (the dashboard is among them)"
+    assert len(listening) >= 5, f"GCS, raylet, agents and the dashboard all listen ({len(listening)} found)"
+    exposed = [
+        (c.laddr.ip, c.laddr.port, psutil.Process(c.pid).name()) for c in listening if c.laddr.ip not in LOOPBACK
+    ]
+    assert exposed == [], f"every Ray server of the embedded head must bind 127.0.0.1 only: {exposed}"
+
+
+def test_the_job_api_requires_the_token(local_ray_head):
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(local_ray_head.address + "/api/version", timeout=5)
+    assert caught.value.code == 401, "no token, no answer"
+    request = urllib.request.Request(local_ray_head.address + "/api/version", headers=local_ray_head.auth_headers())
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert json.loads(response.read())["ray_version"] == local_ray_head.ray_version
+
+
+def test_the_token_is_private_and_never_written_elsewhere(local_ray_head):
+    token = local_ray_head.token_path.read_text().strip()
+    assert len(token) >= 32, "a long random token"
+    assert stat.S_IMODE(local_ray_head.token_path.stat().st_mode) == 0o600, "only the owner may read the token"
+    assert token not in (local_ray_head.temp_dir / REGISTRY_NAME).read_text()
+    assert token not in (local_ray_head.temp_dir / "mazerl_head.log").read_text()
+    assert token not in repr(local_ray_head) and token not in json.dumps(local_ray_head.client_env())
+
+
+def test_temp_dir_too_long_for_ray_sockets_is_refused():
+    with pytest.raises(ValueError, match="temp_dir"):
+        start_local_head("/tmp/" + "x" * 60)
+
+
+def test_reuse_stop_and_a_vanished_head_is_a_retryable_error_naming_its_address(tmp_path):
+    temp = tempfile.mkdtemp(prefix="mzr-l", dir="/tmp")
+    try:
+        head = start_local_head(temp, num_cpus=1, object_store_mb=100, dashboard_port=0)
+        assert head.started_here and head.is_alive()
+        again = ensure_local_head(temp)
+        assert (again.address, again.pid, again.started_here) == (head.address, head.pid, False), (
+            "reused, not restarted"
+        )
+        with local_ray_head(temp) as reused:
+            assert not reused.started_here
+        assert head.is_alive(), "leaving the block must not stop a head this call did not start"
+        with pytest.raises(LocalRayError, match="already running"):
+            start_local_head(temp)
+
+        script = tmp_path / "long.py"
+        script.write_text("import time\nprint('step 0', flush=True)\ntime.sleep(600)\n")
+        running = RayJob(
+            head.address,
+            f"{sys.executable} {script}",
+            pipeline_run_id="gone",
+            attempt=1,
+            headers=head.auth_headers(),
+            log=lambda _line: None,
+            unreachable_grace_s=1.0,
+        )
+        running.start()
+        head.stop()
+        leftovers = [p.pid for p in psutil.process_iter(["cmdline"]) if temp in " ".join(p.info["cmdline"] or [])]
+        assert leftovers == [], f"stopping the head ends all its processes ({leftovers})"
+        assert find_local_head(temp) is None
+
+        with pytest.raises(RetryableJobError) as caught:
+            running.wait()
+        assert head.address in str(caught.value), "the error names the address that stopped answering"
+        with pytest.raises(RetryableJobError) as caught:
+            job_client(head.address, {"Authorization": "Bearer x"})
+        assert head.address in str(caught.value)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)

@@ -1,0 +1,196 @@
+"""verify_cluster against the real local Ray head, and its in-cluster probe pieces on their own."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from mazerl.cluster.errors import ConfigError
+from mazerl.cluster.probe import check_model_dir, read_probe, remove_probe, write_probe
+from mazerl.cluster.report import CheckRow, ClusterNotReadyError, ClusterReport
+from mazerl.cluster.verify import requirements_for, verify_cluster
+from mazerl.training.config import TrainConfig
+
+EMBEDDED_ROWS = {
+    "ray.address",
+    "ray.probe_job",
+    "ray.version",
+    "ray.nodes",
+    "ray.dead_nodes",
+    "ray.gpus",
+    "storage.shared",
+    "storage.free_space",
+    "inputs.base_model",
+    "inputs.eval_set",
+}
+
+
+def fake_model_dir(path: Path, *, weights: bool = True, processor: bool = True, tokenizer: bool = True) -> Path:
+    """The files verify_cluster looks for in a Hugging Face VLM directory (contents are not loaded)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"model_type": "qwen3_vl"}))
+    if weights:
+        (path / "model.safetensors").write_bytes(b"\0" * 4096)
+    if processor:
+        (path / "preprocessor_config.json").write_text("{}")
+    if tokenizer:
+        (path / "tokenizer.json").write_text("{}")
+    return path
+
+
+def closed_port_address() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+def test_embedded_default_passes_against_the_local_head(local_ray_head, tmp_path):
+    config = TrainConfig(run_id="r1", base_model=fake_model_dir(tmp_path / "starter"), data_root=tmp_path / "root")
+    report = verify_cluster(
+        local_ray_head.address,
+        headers=local_ray_head.auth_headers(),
+        data_root=str(config.data_root),
+        base_model=str(config.base_model),
+        eval_set="maze256-small-v1",
+        **requirements_for(config),
+    )
+    assert report.ok, report.markdown()
+    assert {row.name for row in report.rows} == EMBEDDED_ROWS
+    assert report.seconds < 60, f"verification must cost seconds, took {report.seconds}"
+    records = report.records()
+    assert records[0] == {
+        "name": "ray.address",
+        "expected": records[0]["expected"],
+        "found": records[0]["found"],
+        "ok": True,
+    }
+    assert all(set(r) == {"name", "expected", "found", "ok"} for r in records), "table rows for Prefect and MLflow"
+    assert not (config.data_root / ".mazerl-probe").exists() or not any(
+        (config.data_root / ".mazerl-probe").iterdir()
+    ), "the probe cleans up its files"
+
+
+def test_each_unmet_requirement_is_a_failed_row(local_ray_head, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    report = verify_cluster(
+        local_ray_head.address,
+        headers=local_ray_head.auth_headers(),
+        data_root=str(blocker / "root"),  # cannot be created: a file is in the way
+        base_model=str(fake_model_dir(tmp_path / "model", weights=False)),
+        required_nodes=2,
+        required_gpus=4,
+        gpus_per_node=2,
+    )
+    by_name = {row.name: row for row in report.rows}
+    failed = {row.name for row in report.failures}
+    assert failed == {
+        "ray.nodes",
+        "ray.gpus",
+        "ray.gpu_placement",
+        "storage.shared",
+        "storage.free_space",
+        "inputs.base_model",
+    }
+    assert by_name["ray.address"].ok and by_name["ray.probe_job"].ok and by_name["ray.version"].ok
+    assert (
+        "NotADirectoryError" in by_name["storage.shared"].found or "FileExistsError" in by_name["storage.shared"].found
+    )
+    assert "weights" in by_name["inputs.base_model"].found
+    assert "0 GPUs" in by_name["ray.gpus"].found
+    with pytest.raises(ClusterNotReadyError) as caught:
+        report.raise_for_failures()
+    assert "ray.gpus" in str(caught.value) and local_ray_head.address in str(caught.value)
+
+
+def test_unreachable_address_fails_fast_and_still_checks_the_rest_mocked_aws(tmp_path):
+    import boto3
+    from moto import mock_aws
+
+    address = closed_port_address()
+    with mock_aws():
+        client = boto3.client("sagemaker", region_name="us-east-1")
+        report = verify_cluster(
+            address,
+            data_root=str(tmp_path),
+            eval_set="maze256-small-v1",
+            hyperpod_cluster="no-such-cluster",
+            sagemaker_client=client,
+        )
+    by_name = {row.name: row for row in report.rows}
+    assert not by_name["ray.address"].ok and address in by_name["ray.address"].found
+    assert "ray.probe_job" not in by_name, "Ray rows that need the address are skipped, not timed out"
+    assert by_name["inputs.eval_set"].ok
+    assert not by_name["hyperpod.cluster"].ok and "no-such-cluster" in by_name["hyperpod.cluster"].found
+    assert report.seconds < 10
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "names"),
+    [
+        ({"data_root": "relative/root"}, "data_root"),
+        ({"data_root": "/shared", "required_nodes": 0}, "required_nodes"),
+        ({"data_root": "/shared", "required_gpus": -1}, "required_gpus"),
+        ({"data_root": "/shared", "gpus_per_node": 1.5}, "gpus_per_node"),
+    ],
+)
+def test_nonsense_arguments_are_refused_before_any_work(kwargs, names):
+    with pytest.raises(ConfigError, match=names):
+        verify_cluster("http://127.0.0.1:1", **kwargs)
+
+
+def test_requirements_follow_the_training_config(tmp_path):
+    local = TrainConfig(run_id="r", base_model=tmp_path)
+    assert requirements_for(local) == {"required_nodes": 1, "required_gpus": 0, "gpus_per_node": 0}
+    skyrl = TrainConfig(run_id="r", base_model=tmp_path, backend="skyrl", skyrl={"num_gpus": 2, "num_nodes": 3})
+    assert requirements_for(skyrl) == {"required_nodes": 3, "required_gpus": 6, "gpus_per_node": 2}
+
+
+@pytest.mark.parametrize(
+    ("build", "missing"),
+    [
+        (lambda p: fake_model_dir(p), []),
+        (lambda p: fake_model_dir(p, weights=False), ["weights (*.safetensors or pytorch_model*.bin)"]),
+        (
+            lambda p: fake_model_dir(p, processor=False),
+            ["a processor config (preprocessor_config.json or processor_config.json)"],
+        ),
+        (lambda p: fake_model_dir(p, tokenizer=False), ["a tokenizer (tokenizer.json or tokenizer_config.json)"]),
+        (lambda p: p, ["the directory itself"]),
+    ],
+)
+def test_model_dir_check_names_what_is_missing(tmp_path, build, missing):
+    assert check_model_dir(str(build(tmp_path / "m")))["missing"] == missing
+
+
+def test_model_dir_check_follows_the_shard_index(tmp_path):
+    model = fake_model_dir(tmp_path / "m", weights=False)
+    (model / "model-00001-of-00002.safetensors").write_bytes(b"\0" * 16)
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert check_model_dir(str(model))["missing"] == ["weight shard model-00002-of-00002.safetensors"]
+
+
+def test_storage_probe_detects_a_mount_that_is_not_shared(tmp_path):
+    shared = tmp_path / "shared"
+    assert write_probe(str(shared), "tok", "node-a")["ok"]
+    assert read_probe(str(shared), "tok", "node-a")["ok"], "the same mount reads back what was written"
+    elsewhere = read_probe(str(tmp_path / "node-b-local-disk"), "tok", "node-a")
+    assert not elsewhere["ok"] and "cannot read" in elsewhere["error"], "a node-local path misses the file"
+    remove_probe(str(shared), "tok")
+    assert not (shared / ".mazerl-probe" / "tok").exists()
+
+
+def test_report_renders_for_people_and_tables():
+    report = ClusterReport(
+        address="http://h:8265",
+        rows=(CheckRow("a", "x", "x", True), CheckRow("b", "y | z", "none", False)),
+        seconds=1.5,
+    )
+    assert not report.ok and [r.name for r in report.failures] == ["b"]
+    text = report.markdown()
+    assert "| b | y \\| z | none | **NO** |" in text and "NOT ready (1 failed)" in text
+    assert ClusterReport(address="h").ok is False, "no checks is not a pass"
