@@ -1,0 +1,381 @@
+"""TrainConfig -> SkyRL: config overrides, dataset tickets and metric names (no SkyRL import).
+
+Everything here is plain Python so that it runs, and is tested, on Python 3.11 where SkyRL
+(Python >= 3.12) is not installed. The entry module ``mazerl.training.skyrl_entry`` feeds
+:func:`build_overrides` to ``SkyRLTrainConfig.from_cli_overrides`` on the cluster image.
+
+Three translations live here, each one function:
+
+* :func:`build_overrides` maps our config onto SkyRL's dotted field names. Every name is
+  checked in CI against a snapshot of the real ``SkyRLTrainConfig`` of the pinned release
+  (``skyrl_schema.json``, written by ``scripts/skyrl_schema_snapshot.py``), so a field that
+  SkyRL renames fails CI instead of a GPU job.
+* :func:`dataset_rows` writes the "tickets" SkyRL's ``PromptDataset`` reads: one row per maze;
+  every column but ``prompt``/``env_class`` reaches our env as ``extras``. SkyRL repeats each
+  row ``n_samples_per_prompt`` times, so all samples of a GRPO group play the same maze.
+* :func:`add_metric_aliases` copies SkyRL's metric names onto the names of design section 5,
+  so dashboards read ``train/success_rate`` whichever backend trained.
+
+SkyRL's own behaviour this module relies on (verified in the 0.4.0 wheel, see docs/skyrl.md):
+the generator sets ``extras["max_turns"]`` itself; the training dataloader shuffles with
+``trainer.seed`` and drops the last partial batch; checkpoints go to
+``trainer.ckpt_path/global_step_<N>/`` with ``latest_ckpt_global_step.txt`` written last.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envs.evalset import EvalSet
+from envs.evalset import load as load_eval_set
+from envs.skyrl_env import ENV_ID
+from mazerl.training.config import TrainConfig
+from mazerl.training.data import training_pool
+
+SCHEMA_PATH = Path(__file__).with_name("skyrl_schema.json")
+TRAIN_DATA_SOURCE = "maze2d-train"
+# SkyRL's PromptDataset filters rows whose prompt is longer than max_prompt_length tokens and
+# then ignores it: MazeTextEnv.init() builds the real first message (task text + frame).
+PLACEHOLDER_PROMPT = [{"role": "user", "content": "maze"}]
+
+# Our metric name -> the SkyRL 0.4 name it copies (trainer.py, generators/utils.py, evaluate.py,
+# workers/worker.py). "environment/solved" is the mean of MazeTextEnv.get_metrics()["solved"]:
+# success counts only a stop on the target, never a format bonus and never SkyRL's pass@n
+# (which counts any positive reward).
+METRIC_ALIASES: dict[str, str] = {
+    "train/reward_mean": "reward/avg_raw_reward",
+    "train/success_rate": "environment/solved",
+    "train/response_tokens": "generate/avg_assistant_tokens",
+    "train/policy_loss": "policy/policy_loss",
+    "train/grad_norm": "policy/grad_norm",
+    "train/clip_fraction": "policy/loss_metrics/clip_ratio",
+    "train/step_seconds": "timing/step",
+    "eval/success_rate": "eval/all/environment/solved",
+}
+
+# Overrides whose value type differs from the annotation SkyRL declares, with the reason the
+# real config accepts it. CI's schema check allows exactly these and nothing else.
+TYPE_EXCEPTIONS: dict[str, tuple[str, str]] = {
+    "trainer.policy.model.lora.target_modules": (
+        "array",
+        "annotated `str` but documented as 'all-linear' or a list of module names; the list reaches "
+        "peft.LoraConfig(target_modules=...) unchanged (a comma-joined string would be read as a regex)",
+    ),
+}
+
+
+class SkyrlConfigError(ValueError):
+    """A TrainConfig the SkyRL backend cannot run as asked (the entry exits with code 2)."""
+
+
+@dataclass(frozen=True)
+class SkyrlRunFiles:
+    """Where the SkyRL backend keeps its files inside the run directory (on the shared mount)."""
+
+    run_dir: Path
+
+    @property
+    def train_data(self) -> Path:
+        return self.run_dir / "skyrl" / "train.parquet"
+
+    @property
+    def eval_data(self) -> Path:
+        return self.run_dir / "skyrl" / "eval.parquet"
+
+    @property
+    def export_dir(self) -> Path:
+        return self.run_dir / "skyrl" / "export"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.run_dir / "skyrl" / "logs"
+
+    @property
+    def resolved_config(self) -> Path:
+        return self.run_dir / "skyrl" / "skyrl_overrides.json"
+
+
+def run_files(config: TrainConfig) -> SkyrlRunFiles:
+    return SkyrlRunFiles(config.run_dir)
+
+
+def lora_sync_path(config: TrainConfig) -> str:
+    """Where the trainer hands LoRA weights to vLLM: must be visible from every GPU node."""
+    return config.skyrl.lora_sync_path or str(config.run_dir / "lora_sync")
+
+
+def steps_per_epoch(config: TrainConfig) -> int:
+    """SkyRL's dataloader drops the last partial batch: an epoch is pool // mazes_per_step steps."""
+    return config.train_pool_size // config.mazes_per_step
+
+
+def check_supported(config: TrainConfig) -> None:
+    """Refuse settings SkyRL cannot honour, before any file is written or GPU is requested."""
+    s = config.skyrl
+    if config.backend != "skyrl":
+        raise SkyrlConfigError(f"backend is {config.backend!r}; the SkyRL entry runs only configs with backend: skyrl")
+    if config.history_images != "all":
+        raise SkyrlConfigError(
+            f"history_images ({config.history_images!r}) is not supported by the SkyRL backend: its VLM "
+            "generator keeps every frame in the conversation; set history_images: all or use backend: local"
+        )
+    if not config.freeze_vision:
+        raise SkyrlConfigError(
+            "freeze_vision (False) is not supported by the SkyRL backend: it trains LoRA adapters on "
+            "lora.target_modules only (the language model's projections); set freeze_vision: true"
+        )
+    if not float(config.lora.alpha).is_integer():
+        raise SkyrlConfigError(
+            f"lora.alpha ({config.lora.alpha}) must be a whole number for the SkyRL backend "
+            "(SkyRL's trainer.policy.model.lora.alpha is an int); e.g. 64"
+        )
+    if config.mazes_per_step > config.train_pool_size:
+        raise SkyrlConfigError(
+            f"mazes_per_step ({config.mazes_per_step}) exceeds train_pool_size ({config.train_pool_size}): "
+            "SkyRL needs at least one full batch of distinct mazes; raise train_pool_size"
+        )
+    dp_size = s.num_gpus * s.num_nodes  # FSDP data-parallel ranks (no sequence parallelism)
+    samples = config.mazes_per_step * config.group_size
+    if samples % dp_size:
+        raise SkyrlConfigError(
+            f"mazes_per_step*samples_per_maze ({config.mazes_per_step}*{config.group_size}={samples}) must be "
+            f"divisible by the GPU count skyrl.num_gpus*num_nodes ({dp_size}); otherwise SkyRL silently drops "
+            "the tail of every batch; change mazes_per_step or the GPU count"
+        )
+    per_gpu = samples // dp_size
+    if per_gpu % s.micro_batch_size_per_gpu:
+        raise SkyrlConfigError(
+            f"episodes per GPU per step ({per_gpu}) must be divisible by skyrl.micro_batch_size_per_gpu "
+            f"({s.micro_batch_size_per_gpu}); pick a micro batch that divides {per_gpu}"
+        )
+    if s.max_input_length < s.max_prompt_length:
+        raise SkyrlConfigError(
+            f"skyrl.max_input_length ({s.max_input_length}) must be >= skyrl.max_prompt_length "
+            f"({s.max_prompt_length}) for multi-turn generation"
+        )
+    if s.max_model_len < s.max_input_length + config.grpo.max_new_tokens:
+        raise SkyrlConfigError(
+            f"skyrl.max_model_len ({s.max_model_len}) must hold a whole conversation plus one reply: "
+            f"max_input_length + grpo.max_new_tokens = {s.max_input_length + config.grpo.max_new_tokens}"
+        )
+
+
+def build_overrides(config: TrainConfig) -> dict[str, Any]:
+    """Our TrainConfig as ``{dotted SkyRL field: value}`` for ``SkyRLTrainConfig.from_cli_overrides``."""
+    check_supported(config)
+    s, grpo, files = config.skyrl, config.grpo, run_files(config)
+    epochs = math.ceil(config.steps / steps_per_epoch(config))
+    use_kl = grpo.kl_coef > 0
+    return {
+        # data: our tickets, written by write_datasets
+        "data.train_data": [str(files.train_data)],
+        "data.val_data": [str(files.eval_data)],
+        "environment.env_class": ENV_ID,
+        # model and adapter
+        "trainer.strategy": "fsdp",
+        "trainer.policy.model.path": str(config.base_model),
+        "trainer.policy.model.lora.rank": config.lora.rank,
+        "trainer.policy.model.lora.alpha": int(config.lora.alpha),
+        "trainer.policy.model.lora.dropout": config.lora.dropout,
+        "trainer.policy.model.lora.target_modules": list(config.lora.target_modules),
+        "trainer.policy.model.lora.lora_sync_path": lora_sync_path(config),
+        # GRPO
+        "trainer.algorithm.advantage_estimator": "grpo",
+        "trainer.algorithm.grpo_norm_by_std": True,
+        "trainer.algorithm.policy_loss_type": "regular",
+        "trainer.algorithm.eps_clip_low": grpo.clip_low,
+        "trainer.algorithm.eps_clip_high": grpo.clip_high,
+        "trainer.algorithm.loss_reduction": grpo.loss_reduction,
+        "trainer.algorithm.use_kl_loss": use_kl,
+        "trainer.algorithm.kl_loss_coef": grpo.kl_coef,
+        "trainer.algorithm.use_kl_in_reward": False,
+        "trainer.update_epochs_per_batch": grpo.update_epochs,
+        # batches: one step = mazes_per_step mazes x samples_per_maze episodes, one optimizer step per epoch
+        "trainer.train_batch_size": config.mazes_per_step,
+        "trainer.policy_mini_batch_size": config.mazes_per_step,
+        "trainer.micro_train_batch_size_per_gpu": s.micro_batch_size_per_gpu,
+        "trainer.micro_forward_batch_size_per_gpu": s.micro_batch_size_per_gpu,
+        "trainer.epochs": epochs,
+        "trainer.max_training_steps": config.steps,
+        "trainer.seed": config.seed,
+        "trainer.policy.optimizer_config.lr": config.learning_rate,
+        "trainer.policy.optimizer_config.weight_decay": config.weight_decay,
+        "trainer.policy.optimizer_config.max_grad_norm": config.max_grad_norm,
+        "trainer.max_prompt_length": s.max_prompt_length,
+        "trainer.remove_microbatch_padding": False,
+        # rollouts
+        "generator.n_samples_per_prompt": config.group_size,
+        "generator.max_turns": config.max_turns,
+        "generator.max_input_length": s.max_input_length,
+        "generator.vision_language_generator": True,
+        "generator.batched": False,
+        "generator.use_conversation_multi_turn": True,
+        "generator.sampling_params.temperature": grpo.temperature,
+        "generator.sampling_params.top_p": grpo.top_p,
+        "generator.sampling_params.max_generate_length": grpo.max_new_tokens,
+        "generator.eval_sampling_params.temperature": 0.0,
+        "generator.eval_sampling_params.max_generate_length": grpo.max_new_tokens,
+        "generator.eval_n_samples_per_prompt": 1,
+        # placement: FSDP policy and vLLM engines share every GPU
+        "trainer.placement.colocate_all": True,
+        "trainer.placement.policy_num_nodes": s.num_nodes,
+        "trainer.placement.policy_num_gpus_per_node": s.num_gpus,
+        "trainer.placement.ref_num_nodes": s.num_nodes,
+        "trainer.placement.ref_num_gpus_per_node": s.num_gpus,
+        "generator.inference_engine.backend": "vllm",
+        "generator.inference_engine.num_engines": s.num_engines,
+        "generator.inference_engine.tensor_parallel_size": s.tensor_parallel_size,
+        "generator.inference_engine.gpu_memory_utilization": s.gpu_memory_utilization,
+        "generator.inference_engine.enable_prefix_caching": True,
+        "generator.inference_engine.engine_init_kwargs.max_model_len": s.max_model_len,
+        # checkpoints (design section 2: <run dir>/checkpoints, marker written last by SkyRL)
+        "trainer.ckpt_path": str(config.checkpoint_dir),
+        "trainer.ckpt_interval": config.checkpoint_interval,
+        "trainer.max_ckpts_to_keep": config.checkpoints_kept,
+        "trainer.resume_mode": "latest" if config.resume == "latest" else "none",
+        "trainer.export_path": str(files.export_dir),
+        # merge_lora builds the merged model from the adapter; a full HF export per step is waste
+        "trainer.hf_save_interval": -1,
+        "trainer.log_path": str(files.log_dir),
+        # eval (greedy, on the fixed set); the pipeline's baseline_eval stage covers step 0
+        "trainer.eval_interval": config.eval_interval if config.eval_interval > 0 else -1,
+        "trainer.eval_before_train": False,
+        # tracking
+        "trainer.logger": "mlflow",
+        "trainer.project_name": config.mlflow.experiment,
+        "trainer.run_name": config.run_id,
+    }
+
+
+def _ticket(config: TrainConfig, eval_set: EvalSet, data_source: str, maze_id: str, seed: int) -> dict[str, Any]:
+    return {
+        "prompt": PLACEHOLDER_PROMPT,
+        "env_class": ENV_ID,
+        "data_source": data_source,
+        "maze_id": maze_id,
+        "seed": int(seed),
+        "size": eval_set.size,
+        "cell_px": eval_set.cell_px,
+        "action_format": config.action_format,
+    }
+
+
+def dataset_rows(config: TrainConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train rows, eval rows). Train rows name a pool seed; eval rows carry the set's exact layout."""
+    eval_set = load_eval_set(config.eval_set)
+    train = [
+        {
+            **_ticket(config, eval_set, TRAIN_DATA_SOURCE, f"train/{seed}", seed),
+            "format_bonus": config.grpo.format_bonus,
+        }
+        for seed, _ in training_pool(eval_set, config.train_pool_size)
+    ]
+    count = min(config.eval_mazes or len(eval_set), len(eval_set))
+    evaluation = [
+        {
+            **_ticket(config, eval_set, eval_set.name, f"{eval_set.name}/{index}", eval_set.seeds[index]),
+            "format_bonus": 0.0,  # eval reward is task success only
+            "layout": eval_set.layouts[index].to_dict(),
+        }
+        for index in range(count)
+    ]
+    return train, evaluation
+
+
+def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    pq.write_table(pa.Table.from_pylist(rows), tmp)
+    os.replace(tmp, path)
+
+
+def write_datasets(config: TrainConfig) -> SkyrlRunFiles:
+    """Write both parquet files atomically; rewriting on resume gives identical rows (pure of config)."""
+    files = run_files(config)
+    train, evaluation = dataset_rows(config)
+    _write_parquet(train, files.train_data)
+    _write_parquet(evaluation, files.eval_data)
+    return files
+
+
+def save_overrides(overrides: Mapping[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(dict(overrides), indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def add_metric_aliases(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """SkyRL's metrics plus a copy under each of our names whose SkyRL source is present."""
+    out = dict(metrics)
+    for ours, theirs in METRIC_ALIASES.items():
+        if theirs in metrics:
+            out[ours] = metrics[theirs]
+    return out
+
+
+# --- the schema snapshot check (CI: every override names a real field of the pinned release) ---
+
+
+def load_schema(path: Path = SCHEMA_PATH) -> dict[str, Any]:
+    return json.loads(Path(path).read_text())
+
+
+def value_kind(value: Any) -> str:
+    """The JSON-ish kind of a value, as the snapshot's ``accepts`` lists use them."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "array"
+    if isinstance(value, Mapping):
+        return "object"
+    return type(value).__name__
+
+
+def schema_problems(overrides: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str]:
+    """Every override whose name is not a field of the snapshot, or whose value kind the field refuses.
+
+    A name inside a free-form dict field (e.g. ``...engine_init_kwargs.max_model_len``) is
+    accepted when its nearest parent is an ``object`` field.
+    """
+    fields: Mapping[str, Any] = schema["fields"]
+    problems = []
+    for name, value in overrides.items():
+        kind = value_kind(value)
+        field = fields.get(name)
+        if field is None:
+            parent = name.rpartition(".")[0]
+            while parent and parent not in fields:
+                parent = parent.rpartition(".")[0]
+            if parent and fields[parent].get("node") != "dataclass" and "object" in fields[parent]["accepts"]:
+                continue
+            problems.append(f"{name}: no such field in SkyRL {schema['skyrl_version']}")
+            continue
+        if field.get("node") == "dataclass":
+            problems.append(f"{name}: is a config section, not a value")
+            continue
+        accepts = set(field["accepts"])
+        if "any" in accepts or kind in accepts or (kind == "int" and "float" in accepts):
+            continue
+        exception = TYPE_EXCEPTIONS.get(name)
+        if exception and exception[0] == kind:
+            continue
+        problems.append(f"{name}: value {value!r} ({kind}) but SkyRL declares {field['type']}")
+    return problems

@@ -1,0 +1,221 @@
+"""Run GRPO on the maze with SkyRL, as a Ray job: ``python -m mazerl.training.skyrl_entry --config FILE``.
+
+What it does, in the order it runs (SkyRL's VisGym entrypoint, plus our checks):
+
+1. Read our TrainConfig and translate it (``skyrl_backend.build_overrides``). Any refusal: exit 2.
+2. If the checkpoint marker already names the last step, print "already complete at step N"
+   and exit 0 without starting anything (SkyRL itself would train one extra step, or rewrite
+   the final checkpoint in place, when resumed at the end).
+3. Write the dataset tickets (parquet) under the run directory on the shared mount.
+4. Build SkyRL's config with ``SkyRLTrainConfig.from_cli_overrides`` and ``validate_cfg``
+   (exit 2 when SkyRL rejects it), then ``initialize_ray`` in this process, which must not
+   have touched Ray before.
+5. One Ray task registers ``maze2d`` (the generator builds envs by id in that process),
+   opens our MLflow ``train`` run, and runs ``BasePPOExp`` (its ``run()`` calls
+   ``asyncio.run``, so it needs a thread with no event loop: a plain Ray task has none).
+6. Check that the marker names the final step; anything less is a failure, never a success.
+
+Exit codes: 0 success (or already complete); 2 configuration error, never worth a retry
+(bad config, SkyRL rejects it, SkyRL not installed, unusable checkpoint directory);
+1 anything else (Ray, GPUs, storage): the submitter may retry, and SkyRL resumes from the
+latest checkpoint (``trainer.resume_mode=latest``).
+
+SkyRL is imported only inside functions, so this module and ``--dry-run`` work on
+Python 3.11 without it; the real run needs the cluster image (Python >= 3.12, ``skyrl[fsdp]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import traceback
+from collections.abc import Mapping
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from mazerl.training import checkpoints
+from mazerl.training.config import TrainConfig, load_config
+from mazerl.training.skyrl_backend import (
+    add_metric_aliases,
+    build_overrides,
+    save_overrides,
+    write_datasets,
+)
+
+EXIT_OK, EXIT_INFRA, EXIT_CONFIG = 0, 1, 2
+
+
+def log(message: str) -> None:
+    print(f"[skyrl_entry] {message}", flush=True)
+
+
+def tracking_target(config: TrainConfig, environ: Mapping[str, str]) -> tuple[str, str | None]:
+    """(tracking URI, run id) SkyRL logs into: the config's values, else those the submitter exported."""
+    uri = config.mlflow.tracking_uri or environ.get("MLFLOW_TRACKING_URI") or config.tracking_uri
+    run_id = config.mlflow.run_id or environ.get("MLFLOW_RUN_ID") or None
+    return uri, run_id
+
+
+def task_runtime_env(tracking_uri: str, run_id: str | None, ship_code: bool) -> dict[str, Any]:
+    """Runtime env of the Ray task that runs SkyRL's trainer and generator (and so our env).
+
+    SkyRL forwards only ``MLFLOW_TRACKING_URI``/``MLFLOW_TRACKING_TOKEN`` to its workers, so the
+    run id travels here. ``ship_code`` uploads our ``envs`` and ``mazerl`` packages with the task,
+    so the env that plays the mazes is the submitted code even if the image holds an older copy.
+    """
+    env_vars = {"MLFLOW_TRACKING_URI": tracking_uri}
+    if run_id:
+        env_vars["MLFLOW_RUN_ID"] = run_id
+    runtime_env: dict[str, Any] = {"env_vars": env_vars}
+    if ship_code:
+        import envs
+        import mazerl
+
+        runtime_env["py_modules"] = [str(Path(envs.__file__).parent), str(Path(mazerl.__file__).parent)]
+    return runtime_env
+
+
+def completed_step(config: TrainConfig) -> int | None:
+    """The verified step the checkpoint marker names, or None when there is no checkpoint yet."""
+    latest = checkpoints.latest(config.checkpoint_dir)
+    return None if latest is None else latest.step
+
+
+def _experiment_class() -> type:
+    """``BasePPOExp`` whose tracker also logs our metric names (design section 5)."""
+    from skyrl.train.entrypoints.main_base import BasePPOExp
+
+    class MazePPOExp(BasePPOExp):
+        def get_tracker(self):  # noqa: ANN202 (SkyRL's Tracking)
+            tracker = super().get_tracker()
+            skyrl_log = tracker.log
+
+            def log_with_aliases(data: dict, step: int, commit: bool = False) -> None:
+                skyrl_log(add_metric_aliases(data), step, commit=commit)
+
+            tracker.log = log_with_aliases
+            return tracker
+
+    return MazePPOExp
+
+
+def train_in_ray_task(cfg: Any, tracking_uri: str, run_id: str | None) -> None:
+    """Body of the Ray task: register maze2d here (SkyRL builds envs by id in this process), then train."""
+    import mlflow
+
+    from envs.skyrl_env import register_maze_env
+
+    register_maze_env()
+    mlflow.set_tracking_uri(tracking_uri)
+    # With our run active, SkyRL's MLflow adapter logs into it and leaves it open
+    # (it only creates, and ends, a run of its own when none is active).
+    with mlflow.start_run(run_id=run_id) if run_id else nullcontext():
+        _experiment_class()(cfg).run()
+
+
+def skyrl_available() -> str | None:
+    """None when SkyRL can be imported here, else why not."""
+    if sys.version_info < (3, 12):
+        return f"SkyRL needs Python >= 3.12 (this is {sys.version.split()[0]})"
+    if importlib.util.find_spec("skyrl") is None:
+        return "the 'skyrl' package is not installed"
+    return None
+
+
+def run(config: TrainConfig, overrides: dict[str, Any], ship_code: bool = True) -> int:
+    """Steps 4-6: SkyRL config, Ray, the training task, the final marker check."""
+    import ray
+    from skyrl.train.config import SkyRLTrainConfig
+    from skyrl.train.utils import validate_cfg
+    from skyrl.train.utils.utils import initialize_ray
+
+    try:
+        cfg = SkyRLTrainConfig.from_cli_overrides(overrides)
+        validate_cfg(cfg)
+    except Exception as error:  # SkyRL raises ValueError, AssertionError, omegaconf errors
+        log(f"configuration error: SkyRL rejected the config: {type(error).__name__}: {error}")
+        return EXIT_CONFIG
+
+    if ray.is_initialized():
+        log("error: Ray is already initialised in this process; SkyRL's initialize_ray must be the first ray.init")
+        return EXIT_INFRA
+    uri, run_id = tracking_target(config, os.environ)
+    # SkyRL copies MLFLOW_TRACKING_URI (and a few others) from this process into the runtime env it
+    # passes to ray.init. Inside a Ray job the job's runtime env holds the same variables, and Ray
+    # refuses to merge two runtime envs that set the same key unless told to let ray.init's win
+    # (the values are identical: SkyRL read them from this environment).
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    os.environ.setdefault("RAY_OVERRIDE_JOB_RUNTIME_ENV", "1")
+    initialize_ray(cfg)
+
+    task = ray.remote(num_cpus=1)(train_in_ray_task).options(runtime_env=task_runtime_env(uri, run_id, ship_code))
+    log(f"training {config.run_id} for {config.steps} steps (MLflow run {run_id or 'new'} at {uri})")
+    ray.get(task.remote(cfg, uri, run_id))
+
+    step = completed_step(config)
+    if step is None or step < config.steps:
+        log(f"error: SkyRL returned but the checkpoint marker names step {step}, not the final step {config.steps}")
+        return EXIT_INFRA
+    log(f"done: checkpoint at step {step} in {config.checkpoint_dir}")
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="TrainConfig file (JSON or YAML) with backend: skyrl")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="check the config, write the datasets, print the overrides; no SkyRL"
+    )
+    parser.add_argument(
+        "--no-ship-code", action="store_true", help="use the envs/mazerl installed in the image instead of uploading"
+    )
+    args = parser.parse_args(argv)
+
+    try:
+        config = load_config(args.config)
+        overrides = build_overrides(config)
+    except (OSError, ValueError, ValidationError) as error:  # SkyrlConfigError is a ValueError
+        log(f"configuration error: {error}")
+        return EXIT_CONFIG
+
+    try:
+        step = completed_step(config)
+    except checkpoints.CheckpointError as error:
+        log(f"configuration error: {error}")
+        return EXIT_CONFIG
+    if step is not None and step >= config.steps:
+        log(f"already complete at step {step} (requested steps: {config.steps}); nothing to train")
+        return EXIT_OK
+    if step is not None and config.resume == "none":
+        log(
+            f"configuration error: resume is 'none' but {config.checkpoint_dir} holds a checkpoint at step {step}; "
+            "use a new run_id or resume: latest"
+        )
+        return EXIT_CONFIG
+
+    files = write_datasets(config)
+    save_overrides(overrides, files.resolved_config)
+    log(f"datasets: {files.train_data} and {files.eval_data}; resuming after step {step or 0}")
+    if args.dry_run:
+        print(json.dumps(overrides, indent=2, sort_keys=True))
+        return EXIT_OK
+
+    missing = skyrl_available()
+    if missing:
+        log(f"configuration error: {missing}; backend: skyrl runs in the GPU cluster image (deployments/docker)")
+        return EXIT_CONFIG
+    try:
+        return run(config, overrides, ship_code=not args.no_ship_code)
+    except Exception:  # Ray, GPUs, storage: retryable, SkyRL resumes from the marker
+        log("infrastructure error:\n" + traceback.format_exc())
+        return EXIT_INFRA
+
+
+if __name__ == "__main__":
+    sys.exit(main())
