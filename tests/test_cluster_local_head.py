@@ -90,6 +90,15 @@ def test_the_token_is_private_and_never_written_elsewhere(local_ray_head):
     assert token not in (local_ray_head.temp_dir / REGISTRY_NAME).read_text()
     assert token not in (local_ray_head.temp_dir / "mazerl_head.log").read_text()
     assert token not in repr(local_ray_head) and token not in json.dumps(local_ray_head.client_env())
+    leaks = [
+        str(path)
+        for path in local_ray_head.temp_dir.rglob("*")
+        if path.is_file()
+        and path != local_ray_head.token_path
+        and not path.is_symlink()
+        and token.encode() in path.read_bytes()
+    ]
+    assert leaks == [], f"no Ray log or session file may contain the token: {leaks}"
 
 
 def test_temp_dir_too_long_for_ray_sockets_is_refused():

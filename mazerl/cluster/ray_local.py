@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import inspect
 import json
 import logging
 import os
@@ -140,8 +141,9 @@ def start_local_head(
 ) -> LocalRayHead:
     """Start a new head (fails if one registered in ``temp_dir`` is still running).
 
-    ``num_cpus`` bounds how many tasks run at once (2 suits a 2-core laptop); the object store
-    is small because stages exchange paths, not tensors. ``dashboard_port`` None means 8265
+    ``num_cpus`` bounds how many tasks run at once (2 suits a 2-core laptop); ``memory_mb``
+    is the memory Ray schedules tasks against (default: half of this machine's RAM); the object
+    store is small because stages exchange paths, not tensors. ``dashboard_port`` None means 8265
     when free, else any free port; 0 means any free port.
     """
     temp = _temp_dir(temp_dir)
@@ -149,6 +151,8 @@ def start_local_head(
         running = _read_registry(temp)
         if running is not None and running.is_alive():
             raise LocalRayError(f"a local Ray head is already running at {running.address} (temp dir {temp})")
+        if running is not None:
+            running.stop()
         return _start(temp, num_cpus, num_gpus, object_store_mb, memory_mb, dashboard_port, extra_env, timeout_s)
 
 
@@ -169,6 +173,8 @@ def ensure_local_head(temp_dir: str | os.PathLike | None = None, **start_kwargs)
         if head is not None and head.is_alive():
             log.info("reusing the local Ray head at %s", head.address)
             return head
+        if head is not None:
+            head.stop()  # a half-dead head (e.g. its dashboard crashed): clear what is left of it
         return _start(temp, **_start_defaults(start_kwargs))
 
 
@@ -187,19 +193,15 @@ def local_ray_head(temp_dir: str | os.PathLike | None = None, **start_kwargs) ->
 
 
 def _start_defaults(kwargs: dict) -> dict:
-    allowed = {"num_cpus", "num_gpus", "object_store_mb", "memory_mb", "dashboard_port", "extra_env", "timeout_s"}
-    unknown = set(kwargs) - allowed
-    if unknown:
-        raise TypeError(f"unknown local head options {sorted(unknown)}; allowed: {sorted(allowed)}")
+    """``start_local_head``'s keyword defaults, overridden by ``kwargs`` (one source of defaults)."""
     defaults = {
-        "num_cpus": 2,
-        "num_gpus": None,
-        "object_store_mb": 150,
-        "memory_mb": None,
-        "dashboard_port": None,
-        "extra_env": None,
-        "timeout_s": 90.0,
+        name: param.default
+        for name, param in inspect.signature(start_local_head).parameters.items()
+        if param.kind is param.KEYWORD_ONLY
     }
+    unknown = set(kwargs) - set(defaults)
+    if unknown:
+        raise TypeError(f"unknown local head options {sorted(unknown)}; allowed: {sorted(defaults)}")
     return {**defaults, **kwargs}
 
 
@@ -271,8 +273,9 @@ def _start(
     ]
     if num_gpus is not None:
         command.append(f"--num-gpus={num_gpus}")
-    if memory_mb is not None:
-        command.append(f"--memory={memory_mb * 1024 * 1024}")
+    if memory_mb is None:  # Ray would offer ~70% of RAM to tasks; leave the laptop half of it
+        memory_mb = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 / 2)
+    command.append(f"--memory={memory_mb * 1024 * 1024}")
     env = _head_env(token_path, extra_env)
     log_path = temp / HEAD_LOG_NAME
     address = f"http://{LOOPBACK}:{dashboard_port}"

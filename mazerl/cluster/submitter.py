@@ -25,8 +25,16 @@ What it guarantees (design section 4):
   the ``with`` block (KeyboardInterrupt, task cancellation, an error in ``log``) stops the Ray
   job. A caller killed outright (SIGKILL) leaves it running, and the re-run re-attaches.
 
-Secrets: the runtime env (which may carry tokens) is never logged; only ids, statuses and
-the job's own output are.
+Code on the cluster: ``runtime_env="auto"`` (the default) gives a head on this machine
+(127.0.0.1/localhost) ``PYTHONPATH=<this checkout>`` so the job runs exactly the caller's
+code; a remote cluster gets no runtime env because its image has the project installed.
+
+Secrets: the runtime env is never logged here, but Ray stores it with the job and may log
+it, so tokens belong in the cluster's environment (Kubernetes Secrets), not in ``env_vars``.
+Only ids, statuses and the job's own output are logged.
+
+A job that cannot be placed stays PENDING until Ray gives up on it
+(``RAY_JOB_START_TIMEOUT_SECONDS``, 15 minutes by default) and then FAILS, which is retryable.
 """
 
 from __future__ import annotations
@@ -405,6 +413,10 @@ class RayJob:
             raise RetryableJobError(
                 f"Ray at {self.address} is unreachable ({type(exc).__name__}: {exc})", address=self.address
             ) from None
+        except RuntimeError as exc:  # the job API answered with an error status
+            if "already exists" in str(exc):
+                raise  # a concurrent submission of the same id: start() looks again
+            raise RetryableJobError(f"Ray at {self.address} refused the request: {exc}", address=self.address) from None
 
     def _tolerate_outage(self, exc: Exception, last_answer: float, now: float) -> float:
         if now - last_answer > self.unreachable_grace_s:
