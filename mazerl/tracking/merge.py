@@ -49,10 +49,11 @@ from mazerl.fingerprint import model_fingerprint
 from mazerl.training import checkpoints
 
 MERGE_RECORD = "merge_record.json"
-# Files of the base directory that the merged one must not inherit: weights (rewritten)
-# and the starter's build record (its weights digest describes the base, not the merge).
+# Files of the base directory that the merged one must not inherit verbatim: weights
+# (rewritten) and the starter's build record (rewritten by _carry_starter_record).
 _NOT_COPIED_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
 _NOT_COPIED_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json", "starter.json", MERGE_RECORD)
+STARTER_RECORD = "starter.json"
 # Default logits tolerance (atol, rtol of max |logits|) by the dtype the comparison runs in.
 TOLERANCES = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (5e-2, 2e-2), torch.float16: (2e-2, 1e-2)}
 
@@ -343,6 +344,24 @@ def _copy_base_files(base_dir: Path, target: Path) -> None:
             shutil.copy2(path, target / name)
 
 
+def _carry_starter_record(base_dir: Path, target: Path, merged: torch.nn.Module, merge_info: dict[str, Any]) -> None:
+    """Keep the starter's record (the eval reads its ``history_images`` from it) with the merged weights' digest.
+
+    The base's digest moves to ``base_weights_sha256`` and ``merged`` says where the
+    weights came from, so the record stays true of the directory it is in.
+    """
+    source = base_dir / STARTER_RECORD
+    if not source.is_file():
+        return
+    from mazerl.policy.starter import weights_digest
+
+    record = json.loads(source.read_text())
+    record["base_weights_sha256"] = record.get("weights_sha256")
+    record["weights_sha256"] = weights_digest(merged)
+    record["merged"] = merge_info
+    (target / STARTER_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+
+
 def _install(tmp: Path, out_dir: Path) -> None:
     """Rename the finished directory into place, replacing an older merge only after the new one is complete."""
     if out_dir.exists():
@@ -458,6 +477,12 @@ def merge_adapter(
         _copy_base_files(base_dir, tmp)
         merged = merged.to(target_dtype)
         merged.save_pretrained(tmp, safe_serialization=True)
+        merge_info = {
+            "adapter_dir": str(adapter_dir),
+            "adapter_sha256": adapter_sha,
+            "checkpoint_step": checkpoint_step,
+        }
+        _carry_starter_record(base_dir, tmp, merged, merge_info)
         del merged, peft_model, policy
         gc.collect()
         if torch.cuda.is_available():

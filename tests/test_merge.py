@@ -1,0 +1,253 @@
+"""LoRA merge with proof, on the reduced starter model and real peft adapters in the checkpoint layout."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from mazerl.fingerprint import model_fingerprint
+from mazerl.policy.chat import model_inputs
+from mazerl.policy.loader import load_policy
+from mazerl.tracking import merge
+from mazerl.tracking.merge import MergeError, merge_adapter, merge_lora
+from mazerl.training import checkpoints
+
+TARGETS = r".*language_model.*\.(q_proj|v_proj|down_proj)"  # the trainer's pattern, three module kinds
+QUIET = {"log": lambda _: None}
+
+
+def make_adapter(base_dir: Path, out: Path, scale: float = 0.05) -> Path:
+    """A peft LoRA adapter on the base with random lora_B (zero when scale is 0), saved like the trainer saves it."""
+    from peft import LoraConfig, get_peft_model
+
+    policy = load_policy(base_dir, device="cpu")
+    model = get_peft_model(policy.model, LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS))
+    generator = torch.Generator().manual_seed(7)
+    for name, parameter in model.named_parameters():
+        if "lora_B" in name:
+            parameter.data = torch.randn(parameter.shape, generator=generator) * scale
+    model.save_pretrained(str(out), safe_serialization=True)
+    return out
+
+
+def make_checkpoints(root: Path, step: int, adapter: Path, fingerprint: str) -> Path:
+    def write(path: Path) -> None:
+        shutil.copytree(adapter, path / checkpoints.ADAPTER_SUBDIR)
+        checkpoints.save_trainer_state(path, {"global_step": step, "base_model_fingerprint": fingerprint})
+
+    checkpoints.save(root, step, write, keep=2)
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(starter_model_dir, tmp_path_factory):
+    """A run's checkpoints directory whose marker names step 3, holding a LoRA adapter with non-zero deltas."""
+    work = tmp_path_factory.mktemp("merge")
+    adapter = make_adapter(starter_model_dir, work / "adapter")
+    return make_checkpoints(work / "checkpoints", 3, adapter, model_fingerprint(starter_model_dir))
+
+
+@pytest.fixture(scope="module")
+def merged(starter_model_dir, trained, tmp_path_factory):
+    out = tmp_path_factory.mktemp("merged-parent") / "merged"
+    return out, merge_lora(starter_model_dir, trained, out, **QUIET)
+
+
+def adapted_weight_keys(adapter_dir: Path) -> set[str]:
+    """The base weights a LoRA adapter applies to, read from the adapter file itself."""
+    with safe_open(str(adapter_dir / "adapter_model.safetensors"), framework="pt") as handle:
+        return {
+            key.removeprefix("base_model.model.").split(".lora_A.")[0] + ".weight"
+            for key in handle.keys()  # noqa: SIM118
+            if ".lora_A." in key
+        }
+
+
+def test_merged_weights_differ_from_base_exactly_where_lora_applies(starter_model_dir, trained, merged):
+    out, report = merged
+    base = load_file(str(starter_model_dir / "model.safetensors"))
+    after = load_file(str(out / "model.safetensors"))
+    assert set(base) == set(after), "the merged directory must hold the same tensors as the base"
+    changed = {key for key in base if not torch.equal(base[key], after[key])}
+    expected = adapted_weight_keys(checkpoints.latest(trained).adapter_dir)
+    assert len(expected) == 12, "4 layers x (q_proj, v_proj, down_proj)"
+    assert changed == expected, f"changed {sorted(changed - expected)} / unchanged {sorted(expected - changed)}"
+    assert report.changed_tensors == 12 and report.lora_modules == 12 and not report.noop_adapter
+    assert report.unchanged_tensors == len(base) - 12
+
+
+def test_merged_model_reproduces_base_plus_adapter_logits(starter_model_dir, trained, merged):
+    out, report = merged
+    # an independent reference: the standard loader with the adapter left unmerged
+    with_adapter = load_policy(starter_model_dir, adapter_dir=checkpoints.latest(trained).adapter_dir, device="cpu")
+    reloaded = load_policy(out, device="cpu")
+    ids, images = merge.probe_contexts(with_adapter.processor)
+    inputs = model_inputs(with_adapter.processor, ids, images)
+    reference = merge.probe_logits(with_adapter.model, inputs)
+    got = merge.probe_logits(reloaded.model, inputs)
+    difference = float((got - reference).abs().max())
+    assert difference <= 1e-4 * max(1.0, float(reference.abs().max())), f"logits differ by {difference}"
+    assert report.adapter_effect > 100 * difference, "the adapter must change the logits far beyond the tolerance"
+    assert report.logits_max_abs_diff <= report.logits_tolerance and report.reload_max_abs_diff == 0.0
+    assert report.probe_tokens == inputs["attention_mask"].sum() and len(images[1]) == 2
+
+
+def test_merged_directory_is_complete_and_recorded(starter_model_dir, trained, merged):
+    out, report = merged
+    names = {path.name for path in out.iterdir()}
+    for required in (
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "preprocessor_config.json",
+        "processor_config.json",
+        "merge_record.json",
+    ):
+        assert required in names, f"{required} missing from the merged directory"
+    # the starter's record comes along (the eval reads history_images from it), true of the merged weights
+    from mazerl.policy.starter import read_record, weights_digest
+
+    base_record, merged_record = read_record(starter_model_dir), read_record(out)
+    assert merged_record["config"] == base_record["config"]
+    assert merged_record["base_weights_sha256"] == base_record["weights_sha256"]
+    assert merged_record["weights_sha256"] == weights_digest(load_policy(out, device="cpu").model)
+    assert merged_record["weights_sha256"] != base_record["weights_sha256"]
+    assert merged_record["merged"]["checkpoint_step"] == 3
+    assert (out / "chat_template.jinja").read_text() == (starter_model_dir / "chat_template.jinja").read_text()
+    assert [p.name for p in out.parent.iterdir()] == ["merged"], "no temporary directory may be left behind"
+    record = json.loads((out / "merge_record.json").read_text())
+    assert record["checkpoint_step"] == 3 and record["adapter_dir"].endswith("global_step_3/policy/lora_adapter")
+    assert record["base_fingerprint"] == model_fingerprint(starter_model_dir)
+
+
+def test_repeated_merge_reuses_the_directory(starter_model_dir, trained, merged):
+    out, first = merged
+    weights_mtime = os.stat(out / "model.safetensors").st_mtime_ns
+    again = merge_lora(starter_model_dir, trained, out, **QUIET)
+    assert again.reused and not first.reused
+    assert again.changed_tensors == first.changed_tensors
+    assert os.stat(out / "model.safetensors").st_mtime_ns == weights_mtime, "a reused merge must not rewrite weights"
+
+
+def test_zero_adapter_merges_to_the_base(starter_model_dir, tmp_path):
+    adapter = make_adapter(starter_model_dir, tmp_path / "zero", scale=0.0)
+    report = merge_adapter(starter_model_dir, adapter, tmp_path / "out", **QUIET)
+    assert report.noop_adapter and report.changed_tensors == 0 and report.adapter_effect == 0.0
+    base = load_file(str(starter_model_dir / "model.safetensors"))
+    after = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert all(torch.equal(base[key], after[key]) for key in base)
+
+
+def test_missing_adapter_names_the_marker_and_step(starter_model_dir, trained, tmp_path):
+    with pytest.raises(MergeError, match="does not exist: the train stage wrote no checkpoint"):
+        merge_lora(starter_model_dir, tmp_path / "nowhere", tmp_path / "out", **QUIET)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(MergeError, match="no checkpoint marker .*latest_ckpt_global_step.txt"):
+        merge_lora(starter_model_dir, tmp_path / "empty", tmp_path / "out", **QUIET)
+    broken = shutil.copytree(trained, tmp_path / "broken")
+    (broken / "global_step_3" / "policy" / "lora_adapter" / "adapter_model.safetensors").unlink()
+    with pytest.raises(MergeError, match=r"marker .* is unusable: .*global_step_3 is incomplete: .*adapter_model"):
+        merge_lora(starter_model_dir, broken, tmp_path / "out", **QUIET)
+    assert not (tmp_path / "out").exists()
+
+
+def test_adapter_of_another_base_model_is_refused(starter_model_dir, trained, tmp_path):
+    # the checkpoint records a different base-model fingerprint
+    adapter = checkpoints.latest(trained).adapter_dir
+    other = make_checkpoints(tmp_path / "other", 5, adapter, "f" * 64)
+    with pytest.raises(MergeError, match=r"\(checkpoint step 5\) was trained on a base model with fingerprint ffff"):
+        merge_lora(starter_model_dir, other, tmp_path / "out", **QUIET)
+    # an adapter whose matrices do not fit the base's layers
+    tensors = load_file(str(adapter / "adapter_model.safetensors"))
+    key = next(k for k in tensors if "q_proj.lora_A" in k)
+    tensors[key] = torch.zeros(tensors[key].shape[0], tensors[key].shape[1] + 8)
+    wrong = shutil.copytree(adapter, tmp_path / "wrong-shape")
+    save_file(tensors, str(wrong / "adapter_model.safetensors"))
+    with pytest.raises(MergeError, match="does not fit the base model: module .*q_proj.* has input size 128"):
+        merge_adapter(starter_model_dir, wrong, tmp_path / "out", **QUIET)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda text: text[:-5], "is not valid JSON"),
+        (lambda text: json.dumps({**json.loads(text), "peft_type": "IA3"}), "peft_type is 'IA3', not 'LORA'"),
+        (lambda text: json.dumps({**json.loads(text), "r": 0}), "r is 0, not a positive integer"),
+        (lambda text: json.dumps({**json.loads(text), "target_modules": None}), "target_modules is empty"),
+        (lambda text: "[]", "holds list, not a JSON object"),
+    ],
+)
+def test_malformed_adapter_config_is_refused(starter_model_dir, trained, tmp_path, edit, message):
+    adapter = shutil.copytree(checkpoints.latest(trained).adapter_dir, tmp_path / "adapter")
+    config = adapter / "adapter_config.json"
+    config.write_text(edit(config.read_text()))
+    with pytest.raises(MergeError, match=message) as failure:
+        merge_adapter(starter_model_dir, adapter, tmp_path / "out", **QUIET)
+    assert "adapter_config.json" in str(failure.value)
+
+
+def corrupting_merge(corrupt):
+    from peft.tuners.lora import LoraModel
+
+    original = LoraModel.merge_and_unload
+
+    def merge_and_unload(self, *args, **kwargs):
+        model = original(self, *args, **kwargs)
+        corrupt(model)
+        return model
+
+    return merge_and_unload
+
+
+def test_merge_that_touches_other_weights_fails_loudly(starter_model_dir, trained, tmp_path, monkeypatch):
+    from peft.tuners.lora import LoraModel
+
+    def nudge_embeddings(model):
+        with torch.no_grad():
+            model.get_input_embeddings().weight[0, 0] += 1e-3
+
+    monkeypatch.setattr(LoraModel, "merge_and_unload", corrupting_merge(nudge_embeddings))
+    with pytest.raises(MergeError, match="changed tensors that LoRA does not adapt: .*embed_tokens"):
+        merge_lora(starter_model_dir, trained, tmp_path / "out", **QUIET)
+    assert list(tmp_path.iterdir()) == [], "a failed merge leaves nothing behind"
+
+
+def test_merge_that_drops_the_adapter_fails_loudly(starter_model_dir, trained, tmp_path, monkeypatch):
+    from peft.tuners.lora import LoraModel
+
+    monkeypatch.setattr(LoraModel, "merge_and_unload", lambda self, *a, **k: self.unload())
+    with pytest.raises(MergeError, match="left adapted weights unchanged although their LoRA delta is non-zero"):
+        merge_lora(starter_model_dir, trained, tmp_path / "out", **QUIET)
+
+
+def test_merge_with_a_wrong_delta_fails_loudly(starter_model_dir, trained, tmp_path, monkeypatch):
+    from peft.tuners.lora import LoraModel
+
+    def double_one_delta(model):
+        with torch.no_grad():
+            layer = model.model.language_model.layers[0].self_attn.q_proj
+            layer.weight.mul_(1.01)
+
+    monkeypatch.setattr(LoraModel, "merge_and_unload", corrupting_merge(double_one_delta))
+    with pytest.raises(MergeError, match=r"layers\.0\.self_attn\.q_proj\.weight: W_merged v differs"):
+        merge_lora(starter_model_dir, trained, tmp_path / "out", **QUIET)
+
+
+def test_merge_saved_in_bfloat16_reloads_within_its_rounding(starter_model_dir, trained, tmp_path):
+    # the path of real Qwen3-VL checkpoints: proofs in float32, saved in the release's bfloat16
+    report = merge_lora(starter_model_dir, trained, tmp_path / "bf16", save_dtype="bfloat16", **QUIET)
+    with safe_open(str(tmp_path / "bf16" / "model.safetensors"), framework="pt") as handle:
+        dtypes = {handle.get_slice(key).get_dtype() for key in handle.keys()}  # noqa: SIM118
+    assert dtypes == {"BF16"}
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    assert report.save_dtype == "bfloat16" and report.proof_dtype == "float32"
+    assert 0 < report.reload_max_abs_diff <= report.reload_tolerance, "bf16 rounding is visible but bounded"
