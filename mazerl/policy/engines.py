@@ -87,6 +87,7 @@ class HFEngine:
         self.device = next(model.parameters()).device
         self.eos_ids = sorted(self._stop_ids())
         self.pad_id = pad_id(processor)
+        self.suppressed_ids = self._suppressed_ids()
 
     @staticmethod
     def from_policy(policy: Any, max_batch_size: int = 64) -> HFEngine:
@@ -98,6 +99,14 @@ class HFEngine:
         if configured is not None:
             ids |= {int(configured)} if isinstance(configured, int) else {int(i) for i in configured}
         return ids
+
+    def _suppressed_ids(self) -> list[int]:
+        """Special tokens a reply must never contain (vision placeholders, turn openers): only the
+        end-of-turn token may be generated. A sampled ``<|image_pad|>`` inside a reply would be
+        spliced into the next context and break the image-token/frame correspondence."""
+        tokenizer = self.processor.tokenizer
+        special = {int(i) for i, token in tokenizer.added_tokens_decoder.items() if token.special}
+        return sorted(special - set(self.eos_ids))
 
     def generate(self, requests: list[GenerationRequest], settings: GenerationSettings) -> list[GenerationResult]:
         results: list[GenerationResult] = []
@@ -118,6 +127,7 @@ class HFEngine:
             "max_new_tokens": settings.max_new_tokens,
             "eos_token_id": self.eos_ids,
             "pad_token_id": self.pad_id,
+            "suppress_tokens": self.suppressed_ids or None,
         }
         if settings.greedy:
             options |= {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
