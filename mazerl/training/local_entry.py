@@ -1,0 +1,69 @@
+"""Ray-job entrypoint of the local GRPO backend: ``python -m mazerl.training.local_entry --config FILE``.
+
+Exit codes are the submitter's contract: 0 the run completed (or was already complete),
+2 a configuration error (retrying cannot help), 1 anything else (retry from the checkpoint).
+MLflow: the tracking URI and run id come from the config, else from ``MLFLOW_TRACKING_URI``
+and ``MLFLOW_RUN_ID`` (set by the orchestrator for the ``train`` child run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+from pydantic import ValidationError
+
+EXIT_OK, EXIT_FAILURE, EXIT_CONFIG_ERROR = 0, 1, 2
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", required=True, help="training config file (JSON or YAML)")
+    args = parser.parse_args(argv)
+
+    from mazerl.policy.loader import ModelLoadError
+    from mazerl.training.checkpoints import CheckpointError
+    from mazerl.training.config import load_config
+    from mazerl.training.local_trainer import LocalGRPOTrainer, TrainingConfigError
+
+    try:
+        config = load_config(args.config)
+        if config.backend != "local":
+            raise TrainingConfigError(f"backend={config.backend!r}: this entrypoint runs the local backend only")
+        trainer = LocalGRPOTrainer(config, log=log)
+    except (ValidationError, TrainingConfigError, CheckpointError, ModelLoadError, FileNotFoundError) as exc:
+        log(f"configuration error: {exc}")
+        return EXIT_CONFIG_ERROR
+
+    from mazerl.tracking.metrics import MetricsLogger
+
+    run_id = config.mlflow.run_id or os.environ.get("MLFLOW_RUN_ID")
+    tracking_uri = config.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or config.tracking_uri
+    sink = MetricsLogger(tracking_uri, run_id, config.run_dir / "metrics.jsonl", warn=log)
+    try:
+        result = trainer.run(metrics_sink=sink)
+    except (TrainingConfigError, CheckpointError, ModelLoadError) as exc:
+        log(f"configuration error: {exc}")
+        return EXIT_CONFIG_ERROR
+    except Exception:
+        log("training failed:\n" + traceback.format_exc())
+        return EXIT_FAILURE
+    finally:
+        sink.close()
+    log(
+        f"done: steps {result.start_step + 1}..{result.final_step} ({result.steps_run} run) in "
+        f"{result.wall_seconds:.0f}s; checkpoint {result.checkpoint}"
+        if result.steps_run
+        else f"done: already complete at step {result.final_step}; checkpoint {result.checkpoint}"
+    )
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

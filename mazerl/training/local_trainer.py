@@ -1,0 +1,484 @@
+"""The local GRPO engine: multi-turn GRPO with LoRA on one machine (CPU or one GPU).
+
+Launch (inside a Ray job, or directly)::
+
+    python -m mazerl.training.local_entry --config run/train_config.json
+
+One step, in the order the loop runs:
+  1. rollout   ``mazes_per_step`` training mazes x ``samples_per_maze`` sampled episodes,
+               batched per turn through the shared episode runner (the same code as eval);
+  2. advantage each episode's reward relative to its group (same maze), SkyRL's GRPO;
+  3. old logp  log-probs of every reply under the rollout policy, computed once per batch;
+  4. update    ``update_epochs`` passes of the clipped surrogate over every turn of every
+               episode (loss only on reply tokens; each turn scored in exactly the context,
+               images included, that the rollout showed the policy); grad clip; AdamW step;
+  5. log       step metrics to MLflow (and metrics.jsonl), optional greedy eval;
+  6. checkpoint every ``checkpoint_interval`` steps and at the end, atomically.
+
+Simplifications of GRPO as SkyRL runs it, said plainly: one mini-batch per step (the whole
+rollout batch), no KL term unless ``grpo.kl_coef > 0`` (then the reference policy is the
+base model with the adapter disabled), and the rollout log-probs are recomputed by the
+trainer instead of being taken from the sampler, so ``ratio == 1`` exactly on the first pass.
+
+Determinism: every source of randomness of step N is seeded from ``(seed, N)``, so a run
+resumed from the checkpoint of step N reproduces an uninterrupted run bit for bit on CPU
+with a fixed thread count. RNG states are saved with each checkpoint as well.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from envs.evalset import load as load_eval_set
+from mazerl.fingerprint import model_fingerprint
+from mazerl.training import checkpoints
+from mazerl.training.config import TrainConfig, save_config
+from mazerl.training.data import epoch_of_step, step_indices, training_pool
+from mazerl.training.grpo import LOSS_REDUCTIONS, clipped_surrogate, group_advantages, k3_kl
+
+MICRO_BATCH_TOKENS = 8192  # tokens per forward/backward chunk; bounds activation memory
+
+
+class TrainingConfigError(ValueError):
+    """A problem with the configuration or its inputs: retrying will not help (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a run did; ``steps_run == 0`` only when it was already complete."""
+
+    run_id: str
+    start_step: int
+    final_step: int
+    steps_run: int
+    already_complete: bool
+    checkpoint: str | None
+    wall_seconds: float
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, indent=2)
+
+
+@dataclass
+class TurnSample:
+    """One reply to learn from: the exact context shown, the reply, and its episode's advantage."""
+
+    input_ids: list[int]
+    images: list[np.ndarray]
+    response_ids: list[int]
+    advantage: float
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The seed of all randomness in ``step``; explicit so resume needs nothing else."""
+    return int(np.random.default_rng([seed, step, 0x6772706F]).integers(2**31 - 1))
+
+
+def seed_everything(value: int) -> None:
+    random.seed(value)
+    np.random.seed(value % 2**32)
+    torch.manual_seed(value)
+
+
+def rng_state() -> dict[str, Any]:
+    return {
+        "python": list(random.getstate()[1]),
+        "numpy": np.random.get_state()[1].tolist(),
+        "torch": torch.get_rng_state(),
+    }
+
+
+# --------------------------------------------------------------------------------------
+# Model + adapter
+# --------------------------------------------------------------------------------------
+
+
+def language_model_lora_pattern(target_modules: tuple[str, ...]) -> str:
+    """peft regex that puts adapters on the text decoder only, never the vision tower."""
+    names = "|".join(target_modules)
+    return rf".*language_model.*\.({names})"
+
+
+def attach_lora(model: torch.nn.Module, config: TrainConfig, adapter_dir: Path | None = None) -> torch.nn.Module:
+    """Wrap the base model with a fresh or saved LoRA adapter (trainable), vision frozen."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if adapter_dir is not None:
+        model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
+    else:
+        lora = LoraConfig(
+            r=config.lora.rank,
+            lora_alpha=config.lora.alpha,
+            lora_dropout=config.lora.dropout,
+            target_modules=language_model_lora_pattern(config.lora.target_modules),
+            bias="none",
+        )
+        model = get_peft_model(model, lora)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if trainable == 0:
+        raise TrainingConfigError(
+            f"lora.target_modules {list(config.lora.target_modules)} matched no layer of the language model; "
+            "use names such as q_proj, v_proj, gate_proj"
+        )
+    return model
+
+
+# --------------------------------------------------------------------------------------
+# Log-probabilities of replies in their recorded contexts
+# --------------------------------------------------------------------------------------
+
+
+def micro_batches(samples: list[TurnSample], max_tokens: int = MICRO_BATCH_TOKENS) -> list[list[int]]:
+    """Index groups whose padded size stays under ``max_tokens`` (samples sorted by length)."""
+    order = sorted(range(len(samples)), key=lambda i: len(samples[i].input_ids) + len(samples[i].response_ids))
+    batches, current, longest = [], [], 0
+    for index in order:
+        length = len(samples[index].input_ids) + len(samples[index].response_ids)
+        if current and max(longest, length) * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(index)
+        longest = max(longest, length)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def reply_log_probs(
+    model: torch.nn.Module,
+    processor: Any,
+    samples: list[TurnSample],
+    device: torch.device,
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs of each sample's reply, (B, R) with mask (B, R), R = longest reply.
+
+    Sequences are left-padded, so every reply ends at the last position and only the last
+    R+1 logits are materialised (``logits_to_keep``), which keeps memory flat for large vocabularies.
+    """
+    from mazerl.policy.chat import model_inputs
+
+    sequences = [s.input_ids + s.response_ids for s in samples]
+    inputs = model_inputs(processor, sequences, [s.images for s in samples], padding_side="left")
+    inputs = {k: v.to(device) if hasattr(v, "to") else v for k, v in inputs.items()}
+    longest = max(len(s.response_ids) for s in samples)
+    logits = model(**inputs, logits_to_keep=longest + 1).logits[:, :-1].float()  # (B, R, V)
+    targets = inputs["input_ids"][:, -longest:]  # (B, R)
+    log_probs = torch.log_softmax(logits / temperature, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    lengths = torch.tensor([len(s.response_ids) for s in samples], device=device)
+    mask = (torch.arange(longest, device=device).unsqueeze(0) >= (longest - lengths).unsqueeze(1)).float()
+    return log_probs, mask
+
+
+# --------------------------------------------------------------------------------------
+# The trainer
+# --------------------------------------------------------------------------------------
+
+
+class LocalGRPOTrainer:
+    """Owns the model, optimizer and run directory of one local training run."""
+
+    def __init__(self, config: TrainConfig, log: Callable[[str], None] = print) -> None:
+        self.config = config
+        self.log = log
+        self.eval_set = load_eval_set(config.eval_set)
+        if config.max_turns != self.eval_set.max_moves:
+            log(f"note: max_turns={config.max_turns} differs from the eval set's budget {self.eval_set.max_moves}")
+        self.pool = training_pool(self.eval_set, config.train_pool_size)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        self.base_fingerprint = model_fingerprint(config.base_model)
+
+    # ---- set-up and resume -----------------------------------------------------------
+
+    def _resume_point(self) -> checkpoints.Checkpoint | None:
+        latest = checkpoints.latest(self.config.checkpoint_dir)
+        if latest is None:
+            return None
+        if self.config.resume == "none":
+            raise TrainingConfigError(
+                f"{self.config.checkpoint_dir} already holds a checkpoint (step {latest.step}) but resume='none'; "
+                "set resume='latest' to continue it or choose a new run_id"
+            )
+        state = checkpoints.load_trainer_state(latest)
+        if state.get("base_model_fingerprint") != self.base_fingerprint:
+            raise TrainingConfigError(
+                f"checkpoint step {latest.step} in {self.config.checkpoint_dir} was trained from another base model "
+                f"({state.get('base_model')}); use the same base_model or a new run_id"
+            )
+        return latest
+
+    def _build(self, resume_from: checkpoints.Checkpoint | None) -> None:
+        from mazerl.policy.loader import load_policy
+
+        seed_everything(self.config.seed)
+        policy = load_policy(self.config.base_model, device=self.device)
+        self.processor = policy.processor
+        model = policy.model
+        for parameter in model.parameters():
+            parameter.requires_grad_(False)
+        self.model = attach_lora(model, self.config, resume_from.adapter_dir if resume_from else None)
+        self.model.train()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay, betas=(0.9, 0.999)
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda _: 1.0
+        )  # constant, as SkyRL's default
+        if resume_from is not None:
+            policy_dir = resume_from.path / "policy"
+            self.optimizer.load_state_dict(torch.load(policy_dir / "optimizer.pt", weights_only=True))
+            self.scheduler.load_state_dict(torch.load(policy_dir / "scheduler.pt", weights_only=True))
+
+    # ---- one step --------------------------------------------------------------------
+
+    def _rollout(self, step: int) -> list[Any]:
+        from mazerl.policy.engines import GenerationSettings, HFEngine
+        from mazerl.policy.episodes import run_episodes
+
+        config = self.config
+        indices = step_indices(step, config.mazes_per_step, len(self.pool), config.seed)
+        layouts = [self.pool[i][1] for i in indices for _ in range(config.group_size)]
+        maze_ids = [f"train/{self.pool[i][0]}" for i in indices for _ in range(config.group_size)]
+        settings = GenerationSettings(
+            greedy=False,
+            temperature=config.grpo.temperature,
+            top_p=config.grpo.top_p,
+            max_new_tokens=config.grpo.max_new_tokens,
+            seed=step_seed(config.seed, step),
+        )
+        with torch.no_grad():
+            episodes = run_episodes(
+                HFEngine(self._inference_model(), self.processor, max_batch_size=128),
+                self.processor,
+                layouts,
+                settings,
+                maze_ids=maze_ids,
+                max_moves=config.max_turns,
+                action_format=config.action_format,
+                cell_px=self.eval_set.cell_px,
+                history_images=config.history_images,
+                format_bonus=config.grpo.format_bonus,
+            )
+        return episodes
+
+    def _inference_model(self) -> torch.nn.Module:
+        """A throw-away copy with the adapter folded into the weights, for generation.
+
+        Decoding through PEFT's LoRA hooks costs about twice a plain forward on small models;
+        merging a copy (milliseconds for the starter) keeps the trained model's weights exact,
+        unlike merge/unmerge in place, whose float rounding would drift step after step.
+        """
+        return copy.deepcopy(self.model).merge_and_unload().eval()
+
+    def _greedy_eval(self) -> dict[str, float]:
+        """Greedy success on the (first ``eval_mazes`` of the) eval set with the current adapter."""
+        from mazerl.policy.engines import GenerationSettings, HFEngine
+        from mazerl.policy.episodes import run_episodes
+
+        config = self.config
+        layouts = list(self.eval_set.layouts[: config.eval_mazes or len(self.eval_set)])
+        settings = GenerationSettings(greedy=True, max_new_tokens=config.grpo.max_new_tokens)
+        with torch.no_grad():
+            episodes = run_episodes(
+                HFEngine(self._inference_model(), self.processor, max_batch_size=128),
+                self.processor,
+                layouts,
+                settings,
+                max_moves=self.eval_set.max_moves,
+                action_format=config.action_format,
+                cell_px=self.eval_set.cell_px,
+                history_images=config.history_images,
+            )
+        solved = [e for e in episodes if e.solved]
+        return {
+            "eval/success_rate": len(solved) / len(episodes),
+            "eval/avg_moves": float(np.mean([e.moves for e in solved])) if solved else 0.0,
+            "eval/parse_failure_rate": sum(e.parse_failures for e in episodes) / max(sum(e.moves for e in episodes), 1),
+        }
+
+    def _samples(self, episodes: list[Any]) -> list[TurnSample]:
+        rewards = [episode.reward for episode in episodes]
+        advantages = group_advantages(rewards, [episode.maze_id for episode in episodes])
+        return [
+            TurnSample(turn.input_ids, turn.images, turn.response_ids, float(advantage))
+            for episode, advantage in zip(episodes, advantages.tolist(), strict=True)
+            for turn in episode.turns
+            if turn.response_ids and advantage != 0.0  # zero advantage: no gradient, skip the compute
+        ]
+
+    def _update(self, samples: list[TurnSample]) -> dict[str, float]:
+        grpo = self.config.grpo
+        batches = micro_batches(samples)
+        reduce, normaliser = LOSS_REDUCTIONS[grpo.loss_reduction]
+        # 3. old log-probs (and reference log-probs for KL), once per rollout batch
+        old, ref, masks = [], [], []
+        with torch.no_grad():
+            for batch in batches:
+                chunk = [samples[i] for i in batch]
+                log_probs, mask = reply_log_probs(self.model, self.processor, chunk, self.device, grpo.temperature)
+                old.append(log_probs)
+                masks.append(mask)
+                if grpo.kl_coef > 0:
+                    with self.model.disable_adapter():
+                        ref.append(reply_log_probs(self.model, self.processor, chunk, self.device, grpo.temperature)[0])
+        total = normaliser(masks)
+        # 4. update epochs over the same batch
+        losses, clip_fracs, grad_norms, kls = [], [], [], []
+        for _ in range(grpo.update_epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            epoch_loss, clipped_tokens, kl_sum = 0.0, 0.0, 0.0
+            for index, batch in enumerate(batches):
+                chunk = [samples[i] for i in batch]
+                log_probs, mask = reply_log_probs(self.model, self.processor, chunk, self.device, grpo.temperature)
+                advantages = torch.tensor([s.advantage for s in chunk], device=self.device).unsqueeze(1)  # (B, 1)
+                per_token, was_clipped = clipped_surrogate(
+                    log_probs, old[index], advantages, grpo.clip_low, grpo.clip_high
+                )
+                if grpo.kl_coef > 0:
+                    kl = k3_kl(log_probs, ref[index])
+                    per_token = per_token + grpo.kl_coef * kl
+                    kl_sum += float((kl * mask).sum())
+                loss = reduce(per_token, mask, total)
+                loss.backward()
+                epoch_loss += loss.item()
+                clipped_tokens += float((was_clipped * mask).sum())
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)))
+            self.optimizer.step()
+            self.scheduler.step()
+            losses.append(epoch_loss)
+            token_count = max(sum(float(m.sum()) for m in masks), 1.0)
+            clip_fracs.append(clipped_tokens / token_count)
+            kls.append(kl_sum / token_count)
+        metrics = {
+            "train/policy_loss": float(np.mean(losses)),
+            "train/grad_norm": float(np.mean(grad_norms)),
+            "train/clip_fraction": float(np.mean(clip_fracs)),
+        }
+        if grpo.kl_coef > 0:
+            metrics["train/kl"] = float(np.mean(kls))
+        return metrics
+
+    # ---- checkpoint ------------------------------------------------------------------
+
+    def _save(self, step: int) -> checkpoints.Checkpoint:
+        config = self.config
+
+        def write(path: Path) -> None:
+            adapter = path / checkpoints.ADAPTER_SUBDIR
+            self.model.save_pretrained(str(adapter), safe_serialization=True)
+            policy_dir = path / "policy"
+            torch.save(self.optimizer.state_dict(), policy_dir / "optimizer.pt")
+            torch.save(self.scheduler.state_dict(), policy_dir / "scheduler.pt")
+            torch.save(rng_state(), policy_dir / "rng_state.pt")
+            checkpoints.save_trainer_state(
+                path,
+                {
+                    "global_step": step,
+                    "backend": "local",
+                    "config": json.loads(config.model_dump_json()),
+                    "base_model": str(config.base_model),
+                    "base_model_fingerprint": self.base_fingerprint,
+                    "data_order": {
+                        "seed": config.seed,
+                        "mazes_per_step": config.mazes_per_step,
+                        "pool_size": len(self.pool),
+                        "epoch": epoch_of_step(step, config.mazes_per_step, len(self.pool)),
+                        "next_step": step + 1,
+                    },
+                },
+            )
+
+        started = time.perf_counter()
+        saved = checkpoints.save(config.checkpoint_dir, step, write, keep=config.checkpoints_kept)
+        self.log(f"checkpoint step {step} -> {saved.path} ({time.perf_counter() - started:.1f}s)")
+        return saved
+
+    # ---- the run ---------------------------------------------------------------------
+
+    def run(self, metrics_sink: Any | None = None) -> TrainResult:
+        config = self.config
+        started = time.perf_counter()
+        config.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(config, config.run_dir / "train_config.json")
+        resume_from = self._resume_point()
+        start_step = resume_from.step if resume_from else 0
+        if start_step >= config.steps:
+            self.log(f"already complete at step {start_step} (steps={config.steps}); nothing to train")
+            return self._finish(start_step, start_step, resume_from, started)
+        self._build(resume_from)
+        self.log(
+            f"training {config.run_id}: steps {start_step + 1}..{config.steps}, "
+            f"{config.mazes_per_step} mazes x {config.group_size} samples per step, device {self.device}"
+            + (f", resumed from step {start_step}" if resume_from else "")
+        )
+        last_checkpoint = resume_from
+        for step in range(start_step + 1, config.steps + 1):
+            seed_everything(step_seed(config.seed, step))
+            step_started = time.perf_counter()
+            episodes = self._rollout(step)  # 1. rollout
+            rollout_seconds = time.perf_counter() - step_started
+            samples = self._samples(episodes)  # 2. advantages
+            update_started = time.perf_counter()
+            update_metrics = self._update(samples) if samples else {"train/policy_loss": 0.0, "train/grad_norm": 0.0}
+            update_seconds = time.perf_counter() - update_started
+            metrics = {
+                "train/reward_mean": float(np.mean([e.reward for e in episodes])),
+                "train/success_rate": float(np.mean([e.solved for e in episodes])),
+                "train/response_tokens": float(np.mean([sum(len(t.response_ids) for t in e.turns) for e in episodes])),
+                "train/parse_failure_rate": float(
+                    sum(e.parse_failures for e in episodes) / max(sum(e.moves for e in episodes), 1)
+                ),
+                "train/moves_mean": float(np.mean([e.moves for e in episodes])),
+                **update_metrics,
+                "train/rollout_seconds": rollout_seconds,
+                "train/update_seconds": update_seconds,
+                "train/step_seconds": time.perf_counter() - step_started,
+                "train/epoch": float(epoch_of_step(step, config.mazes_per_step, len(self.pool))),
+            }
+            if config.eval_interval and step % config.eval_interval == 0:
+                metrics.update(self._greedy_eval())
+            if step % config.checkpoint_interval == 0 or step == config.steps:  # 6. checkpoint
+                ckpt_started = time.perf_counter()
+                last_checkpoint = self._save(step)
+                metrics["train/checkpoint_seconds"] = time.perf_counter() - ckpt_started
+            if metrics_sink is not None:  # 5. log
+                metrics_sink.log(step, metrics)
+            self.log(
+                f"step {step}/{config.steps}: reward {metrics['train/reward_mean']:.3f} "
+                f"success {metrics['train/success_rate']:.3f} loss {metrics['train/policy_loss']:+.4f} "
+                f"({metrics['train/step_seconds']:.1f}s: rollout {rollout_seconds:.1f}s, update {update_seconds:.1f}s)"
+            )
+        return self._finish(start_step, config.steps, last_checkpoint, started)
+
+    def _finish(
+        self, start_step: int, final_step: int, checkpoint: checkpoints.Checkpoint | None, started: float
+    ) -> TrainResult:
+        result = TrainResult(
+            run_id=self.config.run_id,
+            start_step=start_step,
+            final_step=final_step,
+            steps_run=final_step - start_step,
+            already_complete=final_step == start_step,
+            checkpoint=str(checkpoint.path) if checkpoint else None,
+            wall_seconds=time.perf_counter() - started,
+        )
+        path = self.config.run_dir / "train_result.json"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(result.to_json())
+        os.replace(tmp, path)
+        return result
