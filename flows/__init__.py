@@ -1,0 +1,1 @@
+"""Prefect flows: composition only (the stages in order, one screen each)."""

@@ -1,0 +1,57 @@
+"""Ray-job entrypoint of the eval stage: ``python -m mazerl.evaluation.job_entry --config REQUEST``.
+
+The orchestrator writes the request (the keyword arguments of
+:func:`mazerl.evaluation.evaluate.evaluate`) as JSON and submits this module as a Ray job,
+so the eval's workers run on the cluster, next to the model files, whatever machine the
+orchestrator is on. Exit codes follow the submitter's contract: 0 done, 2 bad request
+(not retried), 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+
+EXIT_OK, EXIT_FAILURE, EXIT_CONFIG_ERROR = 0, 1, 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", required=True, help="eval request (JSON: evaluate()'s keyword arguments)")
+    args = parser.parse_args(argv)
+
+    from envs.evalset import EvalSetError
+    from mazerl.evaluation.evaluate import evaluate
+    from mazerl.policy.loader import ModelLoadError
+
+    try:
+        with open(args.config) as handle:
+            request = json.load(handle)
+    except (OSError, json.JSONDecodeError) as exc:
+        print(f"configuration error: cannot read eval request {args.config}: {exc}", flush=True)
+        return EXIT_CONFIG_ERROR
+
+    def progress(done: int, total: int) -> None:
+        print(f"eval: {done}/{total} mazes", flush=True)
+
+    try:
+        report = evaluate(**request, ray_address="auto", progress=progress)
+    except (EvalSetError, ModelLoadError, TypeError, ValueError) as exc:
+        print(f"configuration error: {exc}", flush=True)
+        return EXIT_CONFIG_ERROR
+    except Exception:
+        print("eval failed:\n" + traceback.format_exc(), flush=True)
+        return EXIT_FAILURE
+    print(
+        f"eval done: {report.solved}/{report.n} solved ({report.success_rate:.1%}, 95% CI "
+        f"{report.success_ci95[0]:.1%}-{report.success_ci95[1]:.1%}), ceiling {report.budget_ceiling:.1%}, "
+        f"{report.wall_seconds:.0f}s -> {report.summary_path}",
+        flush=True,
+    )
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""The pipeline's parameters: one pydantic model, validated before any stage runs.
+
+Every field has a default that gives the embedded run (this machine, local Ray, MLflow on
+SQLite under the data root, the self-built starter model). A cluster run overrides the
+model, the backend, the Ray address, the data root and the tracking URI.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from envs.evalset import EMBEDDED_EVAL_SET, SPECS
+from mazerl import paths
+from mazerl.training.config import TrainConfig
+
+REGISTERED_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\- ]{0,254}$")
+
+# The embedded learning recipe (docs/performance.md has its measured curve).
+EMBEDDED_TRAINING: dict[str, Any] = {
+    "history_images": 1,
+    "steps": 120,
+    "mazes_per_step": 16,
+    "train_pool_size": 512,
+    "learning_rate": 1e-4,
+    "checkpoint_interval": 10,
+    "checkpoints_kept": 2,
+    "eval_interval": 20,
+    "eval_mazes": 64,
+    "torch_threads": 2,
+    "grpo": {"samples_per_maze": 8, "update_epochs": 2, "temperature": 1.0, "max_new_tokens": 12},
+}
+
+
+class PipelineParams(BaseModel):
+    """Parameters of one pipeline run (the Prefect flow's single argument)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_model: str | None = Field(
+        None, description="HF model directory of the starting policy; None: the embedded starter (built if missing)."
+    )
+    eval_set: str | None = Field(
+        None, description=f"Eval set name; None: {EMBEDDED_EVAL_SET} for the starter, maze64-easy-v1 otherwise."
+    )
+    backend: Literal["local", "skyrl"] = Field("local", description="Training backend (both run as Ray jobs).")
+    training: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Overrides of the training config (mazerl/training/config.py), e.g. {'steps': 50}.",
+    )
+    ray_address: str | None = Field(
+        None, description="Ray dashboard address (http://host:8265, sagemaker_ray://...); None: start local Ray."
+    )
+    data_root: str | None = Field(None, description="Root of models, runs and the embedded MLflow store.")
+    tracking_uri: str | None = Field(None, description="MLflow tracking URI; None: sqlite:///<data_root>/mlflow.db.")
+    experiment: str = Field("vlm-maze-grpo", description="MLflow experiment.")
+    registered_model: str = Field("maze-vlm", description="MLflow registered model for the merged adapters.")
+    promotion_threshold: float = Field(
+        0.0, ge=0, le=1, description="Minimum final success rate before the champion alias may move."
+    )
+    hyperpod_cluster: str | None = Field(None, description="SageMaker HyperPod cluster name to health-check.")
+    eval_workers: int = Field(2, ge=1, description="Parallel eval workers (Ray tasks).")
+    max_eval_mazes: int | None = Field(None, ge=1, description="Evaluate only the first N mazes (smoke runs).")
+    gif_count: int = Field(4, ge=0, description="Episode GIFs kept per eval (solved and failed).")
+    train_retries: int = Field(3, ge=0, description="Retries of the train stage on infrastructure failures.")
+    hang_timeout_s: float = Field(
+        1800.0, gt=0, description="Stop and retry a training job with no new step for this long."
+    )
+    max_artifact_mb: float = Field(
+        512.0, ge=0, description="Merged models above this size are logged as a pointer, not copied into MLflow."
+    )
+
+    @field_validator("eval_set")
+    @classmethod
+    def _known_eval_set(cls, value: str | None) -> str | None:
+        if value is not None and value not in SPECS:
+            raise ValueError(f"unknown eval set {value!r}; choose one of {sorted(SPECS)}")
+        return value
+
+    @field_validator("registered_model")
+    @classmethod
+    def _registry_name(cls, value: str) -> str:
+        if not REGISTERED_MODEL_NAME.match(value):
+            raise ValueError(
+                f"registered_model {value!r} may use only letters, digits, '_', '-', '.' and spaces, "
+                "starting with a letter or digit"
+            )
+        return value
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _tracking_uri(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        parsed = urlparse(value)
+        if parsed.scheme in ("http", "https") and parsed.netloc:
+            return value
+        if parsed.scheme in ("sqlite", "postgresql", "mysql", "databricks", "file") or value.startswith("/"):
+            return value
+        raise ValueError(
+            f"tracking_uri {value!r} is not a tracking URI; use http(s)://host:port, sqlite:///path/mlflow.db "
+            "or leave it empty for the embedded store"
+        )
+
+    @field_validator("ray_address")
+    @classmethod
+    def _ray_address(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if not re.match(r"^(https?|ray|sagemaker_ray)://[^\s/]+", value):
+            raise ValueError(
+                f"ray_address {value!r} must look like http://host:8265 (the dashboard), ray://host:10001 or "
+                "sagemaker_ray://<cluster>/<namespace>; leave it empty to start a local Ray instance"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _training_overrides_are_valid(self) -> PipelineParams:
+        """Check ``training`` now, before any stage (the base model path is not needed for that)."""
+        self.train_config("validation", Path("/nonexistent/base-model"))
+        return self
+
+    def root(self) -> Path:
+        return paths.data_root(self.data_root)
+
+    def resolved_tracking_uri(self) -> str:
+        return self.tracking_uri or paths.mlflow_db_uri(self.root())
+
+    def resolved_eval_set(self) -> str:
+        if self.eval_set:
+            return self.eval_set
+        return EMBEDDED_EVAL_SET if self.base_model is None else "maze64-easy-v1"
+
+    def train_config(self, run_id: str, base_model: Path, mlflow_run_id: str | None = None) -> TrainConfig:
+        """The training config this pipeline run trains with; errors name ``training.<field>``."""
+        embedded = EMBEDDED_TRAINING if self.base_model is None and self.backend == "local" else {}
+        merged = _deep_merge(embedded, self.training)
+        fixed = {
+            "run_id": run_id,
+            "base_model": str(base_model),
+            "data_root": str(self.root()),
+            "backend": self.backend,
+            "eval_set": self.resolved_eval_set(),
+            "mlflow": {
+                "tracking_uri": self.resolved_tracking_uri(),
+                "experiment": self.experiment,
+                "run_id": mlflow_run_id,
+            },
+        }
+        clash = sorted(set(self.training) & set(fixed))
+        if clash:
+            raise ValueError(
+                f"training.{clash[0]} is set by the pipeline itself; remove it from the training overrides"
+            )
+        try:
+            return TrainConfig.model_validate({**merged, **fixed})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(part) for part in first["loc"])
+            raise ValueError(f"training.{field}: {first['msg'].removeprefix('Value error, ')}") from exc
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        merged[key] = (
+            _deep_merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+        )
+    return merged

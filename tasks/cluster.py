@@ -1,0 +1,39 @@
+"""verify_cluster: fail fast, in seconds, before any GPU hour is spent."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_table_artifact
+
+from mazerl.cluster.verify import requirements_for, verify_cluster
+from mazerl.params import PipelineParams
+from mazerl.tracking.lineage import client_for, stage_run
+from tasks.context import RunContext, ray_headers
+
+
+@task(name="verify_cluster", retries=1, retry_delay_seconds=10)
+def check_cluster(context: RunContext, params: PipelineParams) -> dict:
+    """Run the readiness checks; publish them as a Prefect table and an MLflow table; raise if not ready."""
+    logger = get_run_logger()
+    config = params.train_config(context.run_id, context.base_model)
+    run_id = context.stage_run_ids["verify_cluster"]
+    with stage_run(context.tracking_uri, run_id):
+        report = verify_cluster(
+            context.ray_address,
+            data_root=str(context.root),
+            base_model=str(context.base_model),
+            eval_set=context.eval_set,
+            headers=ray_headers(context.ray_address),
+            hyperpod_cluster=params.hyperpod_cluster,
+            log=logger.info,
+            **requirements_for(config),
+        )
+        records = report.records()
+        create_table_artifact(records, key="verify-cluster", description=f"Readiness of {report.address}")
+        client_for(context.tracking_uri).log_table(
+            run_id, data={k: [r[k] for r in records] for k in records[0]}, artifact_file="verify_cluster.json"
+        )
+        for row in report.failures:
+            logger.error(f"check failed: {row.name}: expected {row.expected}, found {row.found}")
+        report.raise_for_failures()
+    return {"address": report.address, "checks": len(records), "seconds": report.seconds}

@@ -1,0 +1,114 @@
+"""baseline_eval and final_eval: the eval job on the cluster, then its report into MLflow.
+
+The baseline is cached by (model fingerprint, eval-set digest, eval settings, data root):
+a second pipeline run on the same base model reuses the first one's report and says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_table_artifact
+
+from envs.evalset import load as load_eval_set
+from mazerl.evaluation.evaluate import EvalReport
+from mazerl.fingerprint import model_fingerprint
+from mazerl.tracking.lineage import log_eval_report, log_eval_set, stage_run
+from tasks.context import RunContext
+from tasks.jobs import run_stage_job
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """Everything besides the model that decides an eval's outcome (part of the cache key)."""
+
+    eval_set: str
+    workers: int = 2
+    max_mazes: int | None = None
+    gif_count: int = 4
+    engine: str = "hf"
+    max_new_tokens: int = 24
+
+
+def baseline_cache_key(context, parameters: dict) -> str:
+    """Prefect cache key of ``baseline_eval``: the same model and settings are never evaluated twice."""
+    run: RunContext = parameters["run"]
+    settings: EvalSettings = parameters["settings"]
+    eval_set = load_eval_set(settings.eval_set)
+    key = json.dumps(
+        {
+            "model": model_fingerprint(run.base_model),
+            "eval_set": eval_set.digest,
+            "settings": asdict(settings) | {"workers": None},  # workers change speed, not results
+            "root": str(run.root),
+        },
+        sort_keys=True,
+    )
+    return "baseline-eval-" + hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _evaluate(run: RunContext, stage: str, model_dir: Path, settings: EvalSettings) -> EvalReport:
+    out_dir = run.run_dir / "eval" / stage
+    out_dir.mkdir(parents=True, exist_ok=True)
+    request = {
+        "model_dir": str(model_dir),
+        "eval_set": settings.eval_set,
+        "engine": settings.engine,
+        "workers": settings.workers,
+        "out_dir": str(out_dir),
+        "gif_count": settings.gif_count,
+        "max_mazes": settings.max_mazes,
+        "max_new_tokens": settings.max_new_tokens,
+    }
+    request_path = out_dir / "request.json"
+    tmp = request_path.with_name(request_path.name + ".tmp")
+    tmp.write_text(json.dumps(request, indent=2))
+    os.replace(tmp, request_path)
+    run_stage_job(run, stage, "mazerl.evaluation.job_entry", request_path)
+    return EvalReport.from_summary(out_dir / "summary.json")
+
+
+@task(name="baseline_eval", retries=1, retry_delay_seconds=10, cache_key_fn=baseline_cache_key, persist_result=True)
+def baseline_eval(run: RunContext, settings: EvalSettings) -> EvalReport:
+    """Greedy eval of the base model (cached across pipeline runs)."""
+    return _evaluate(run, "baseline", run.base_model, settings)
+
+
+@task(name="final_eval", retries=1, retry_delay_seconds=10, persist_result=True)
+def final_eval(run: RunContext, merged_model: Path, settings: EvalSettings) -> EvalReport:
+    """Greedy eval of the merged model, with the baseline's settings."""
+    return _evaluate(run, "final", merged_model, settings)
+
+
+@task(name="record_eval", retries=1, retry_delay_seconds=5)
+def record_eval(run: RunContext, stage: str, report: EvalReport) -> dict[str, float]:
+    """Log an eval report into this pipeline run's stage run (also when the report came from the cache)."""
+    logger = get_run_logger()
+    run_id = run.stage_run_ids[stage]
+    if not report.summary_path.is_file():
+        raise FileNotFoundError(
+            f"the {stage} report {report.summary_path} is gone (was the data root cleaned?); re-run with "
+            "a fresh cache: `prefect cache` entries live under PREFECT_LOCAL_STORAGE_PATH"
+        )
+    if not str(report.out_dir).startswith(str(run.run_dir)):
+        logger.info(f"{stage}: reusing the cached evaluation from {report.out_dir} (same model, set and settings)")
+    with stage_run(run.tracking_uri, run_id):
+        log_eval_set(run.tracking_uri, run_id, report.eval_set)
+        metrics = log_eval_report(run.tracking_uri, run_id, report.out_dir)
+    rows = [json.loads(line) for line in report.results_path.read_text().splitlines() if line.strip()]
+    columns = ("index", "seed", "solved", "moves", "optimal_moves", "parse_failures")
+    create_table_artifact(
+        [{key: row.get(key) for key in columns} for row in rows],
+        key=f"{stage.replace('_', '-')}-results",
+        description=f"{stage} eval: {report.solved}/{report.n} solved on {report.eval_set}",
+    )
+    logger.info(
+        f"{stage}: {report.solved}/{report.n} solved ({report.success_rate:.1%}, 95% CI "
+        f"{report.success_ci95[0]:.1%}-{report.success_ci95[1]:.1%}; budget ceiling {report.budget_ceiling:.1%})"
+    )
+    return metrics

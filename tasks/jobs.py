@@ -1,0 +1,65 @@
+"""Running one stage's work as a Ray job from a Prefect task, with its log in the task's log."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from prefect import get_run_logger
+from prefect.runtime import task_run
+
+from mazerl.cluster.errors import RetryableJobError
+from mazerl.cluster.submitter import JobOutcome, RayJob, module_entrypoint
+from tasks.context import RunContext, ray_headers
+
+
+def attempt_number() -> int:
+    """The Prefect task's run count (1 on the first try): part of the deterministic job id."""
+    return int(task_run.run_count or 1)
+
+
+def run_stage_job(
+    context: RunContext,
+    stage: str,
+    module: str,
+    config_path: Path,
+    *,
+    env_vars: dict[str, str] | None = None,
+    hang_timeout_s: float | None = None,
+    on_line: Callable[[str], None] | None = None,
+) -> JobOutcome:
+    """Submit (or re-attach to) ``python -m module --config config_path`` and follow it to its end."""
+    logger = get_run_logger()
+
+    def log(line: str) -> None:
+        logger.info(line)
+        if on_line is not None:
+            on_line(line)
+
+    with RayJob(
+        context.ray_address,
+        module_entrypoint(module, config_path),
+        pipeline_run_id=context.flow_run_id,
+        attempt=attempt_number(),
+        stage=stage,
+        env_vars=env_vars,
+        headers=ray_headers(context.ray_address),
+        log=log,
+        hang_timeout_s=hang_timeout_s,
+    ) as job:
+        logger.info(
+            f"{stage}: Ray job {job.submission_id} at {context.ray_address}"
+            + (" (re-attached)" if job.reattached else "")
+        )
+        return job.wait()
+
+
+def retry_on_infrastructure(task, task_run, state) -> bool:
+    """Prefect retry condition: retry lost jobs, dead heads and hangs, never configuration errors."""
+    try:
+        state.result()
+    except RetryableJobError:
+        return True
+    except Exception:
+        return False
+    return False

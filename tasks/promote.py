@@ -1,0 +1,157 @@
+"""promote: register the merged model and move ``champion`` only when it earned it; the run's summary."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+
+from mazerl.evaluation.evaluate import EvalReport
+from mazerl.params import PipelineParams
+from mazerl.tracking.curves import log_learning_curve
+from mazerl.tracking.lineage import set_run_status
+from mazerl.tracking.registry import PromotionDecision, promote
+from tasks.context import RunContext
+from tasks.merge import MergedModel
+from tasks.training import TrainOutcome
+
+
+@dataclass(frozen=True)
+class PipelineSummary:
+    """What `mazerl run` prints at the end (plain values)."""
+
+    run_id: str
+    mlflow_run_id: str
+    tracking_uri: str
+    baseline: float
+    final: float
+    budget_ceiling: float
+    fixed: int
+    broken: int
+    still_failing: int
+    mcnemar_p: float
+    promoted: bool
+    decision: str
+    run_dir: str
+
+    def text(self) -> str:
+        return (
+            f"baseline {self.baseline:.1%} -> final {self.final:.1%} (budget ceiling {self.budget_ceiling:.1%}); "
+            f"per maze: {self.fixed} fixed, {self.broken} broken, {self.still_failing} still failing "
+            f"(exact McNemar p = {self.mcnemar_p:.3g})\n{self.decision}\n"
+            f"MLflow run {self.mlflow_run_id} at {self.tracking_uri}\nartifacts under {self.run_dir}"
+        )
+
+
+def paired_outcomes(baseline: EvalReport, final: EvalReport) -> tuple[int, int, int, int]:
+    """(fixed, broken, still failing, both solved) over the mazes both evals played."""
+
+    def solved(report: EvalReport) -> dict[int, bool]:
+        rows = (json.loads(line) for line in report.results_path.read_text().splitlines() if line.strip())
+        return {row["index"]: bool(row["solved"]) for row in rows}
+
+    before, after = solved(baseline), solved(final)
+    common = sorted(set(before) & set(after))
+    fixed = sum(not before[i] and after[i] for i in common)
+    broken = sum(before[i] and not after[i] for i in common)
+    failing = sum(not before[i] and not after[i] for i in common)
+    return fixed, broken, failing, len(common) - fixed - broken - failing
+
+
+def exact_mcnemar_p(fixed: int, broken: int) -> float:
+    """Two-sided exact McNemar test on the discordant pairs: binomial(n, 1/2) tail, doubled."""
+    n = fixed + broken
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(fixed, broken) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+@task(name="promote", retries=1, retry_delay_seconds=5)
+def promote_model(
+    run: RunContext,
+    params: PipelineParams,
+    baseline: EvalReport,
+    final: EvalReport,
+    merged: MergedModel,
+    trained: TrainOutcome,
+) -> PipelineSummary:
+    logger = get_run_logger()
+    decision: PromotionDecision = promote(
+        run.tracking_uri,
+        params.registered_model,
+        merged.source,
+        run.stage_run_ids["merge_lora"],
+        baseline.success_rate,
+        final.success_rate,
+        params.promotion_threshold,
+        tags={"mazerl.pipeline_run_id": run.pipeline_run_id, "mazerl.run_dir": str(run.run_dir)},
+    )
+    logger.info(decision.reason)
+    fixed, broken, failing, _ = paired_outcomes(baseline, final)
+    p_value = exact_mcnemar_p(fixed, broken)
+    log_learning_curve(
+        run.tracking_uri,
+        run.pipeline_run_id,
+        run.run_dir / "learning_curve",
+        train_run_id=run.stage_run_ids["train"],
+        metrics_jsonl=trained.metrics_jsonl if trained.metrics_jsonl.is_file() else None,
+        baseline=baseline.success_rate,
+        final=final.success_rate,
+    )
+    summary = PipelineSummary(
+        run_id=run.run_id,
+        mlflow_run_id=run.pipeline_run_id,
+        tracking_uri=run.tracking_uri,
+        baseline=baseline.success_rate,
+        final=final.success_rate,
+        budget_ceiling=final.budget_ceiling,
+        fixed=fixed,
+        broken=broken,
+        still_failing=failing,
+        mcnemar_p=p_value,
+        promoted=decision.promoted,
+        decision=decision.reason,
+        run_dir=str(run.run_dir),
+    )
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(run.tracking_uri)
+    client.log_dict(run.pipeline_run_id, asdict(summary), "summary.json")
+    for key, value in {
+        "baseline/success_rate": baseline.success_rate,
+        "final/success_rate": final.success_rate,
+        "final/mcnemar_p": p_value,
+    }.items():
+        client.log_metric(run.pipeline_run_id, key, value)
+    create_markdown_artifact(_markdown(summary, baseline, final), key="pipeline-summary")
+    set_run_status(run.tracking_uri, run.pipeline_run_id, "FINISHED")
+    return summary
+
+
+def _markdown(summary: PipelineSummary, baseline: EvalReport, final: EvalReport) -> str:
+    def rate(report: EvalReport) -> str:
+        low, high = report.success_ci95
+        return f"{report.success_rate:.1%} ({report.solved}/{report.n}; 95% CI {low:.1%}-{high:.1%})"
+
+    return "\n".join(
+        [
+            f"# Pipeline run {summary.run_id}",
+            "",
+            "| | success | parse failures |",
+            "| --- | --- | --- |",
+            f"| baseline | {rate(baseline)} | {baseline.parse_failure_rate:.1%} |",
+            f"| final | {rate(final)} | {final.parse_failure_rate:.1%} |",
+            "",
+            f"Delta: {summary.final - summary.baseline:+.1%} (budget ceiling {summary.budget_ceiling:.1%}). "
+            f"Per maze: {summary.fixed} fixed, {summary.broken} broken, {summary.still_failing} still failing; "
+            f"exact McNemar p = {summary.mcnemar_p:.3g}.",
+            "",
+            f"Promotion: {summary.decision}",
+            "",
+            f"MLflow parent run `{summary.mlflow_run_id}` at `{summary.tracking_uri}`; files under `{summary.run_dir}`.",
+        ]
+    )
