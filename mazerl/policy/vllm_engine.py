@@ -1,0 +1,244 @@
+"""The ``vllm`` inference engine: offline ``vllm.LLM`` with multi-modal token prompts (GPU only).
+
+It takes the same token-level requests as the ``hf`` engine (``engines.py``): a context whose
+chat template is applied and whose image placeholders are already expanded, plus its frames.
+vLLM expands image placeholders itself when given token ids (its multi-modal processor
+replaces each ``<|image_pad|>`` with as many pads as the frame needs), so
+:func:`vllm_prompt` first collapses every run of pads back to one; vLLM's expansion then
+rebuilds exactly the context the ``hf`` engine sees (tests/test_vllm_engine_without_gpu.py
+checks this with the real processor, without vLLM or a GPU).
+
+Decoding matches the ``hf`` engine: greedy or temperature/top-p (no top-k), stop at the
+end-of-turn token (kept in ``response_ids``), special tokens other than that one banned from
+replies, text decoded without special tokens. Automatic prefix caching is on, so a turn
+whose context extends the previous turn's recomputes only its new tokens. An optional PEFT
+LoRA adapter is served with a ``LoRARequest`` (no merge needed).
+
+vLLM is imported only when an engine is built, and building one needs a CUDA GPU; the
+GPU cluster image (deployments/docker) has both. Not run in this repository's CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mazerl.policy.chat import ChatError, end_of_turn_id, image_token_id
+from mazerl.policy.engines import GenerationRequest, GenerationResult, GenerationSettings
+
+LORA_NAME = "policy"
+# vLLM's LoRA slots: max_lora_rank must be one of these (vllm.config.LoRAConfig).
+LORA_RANK_SLOTS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+BANNED_LOGIT_BIAS = -100.0  # the OpenAI convention vLLM follows: effectively never sampled
+
+
+def collapse_image_pads(input_ids: list[int], image_pad_id: int, num_images: int) -> list[int]:
+    """Every run of consecutive image pads becomes one pad; there must be one run per frame."""
+    collapsed: list[int] = []
+    runs = 0
+    for token in input_ids:
+        if token == image_pad_id and collapsed and collapsed[-1] == image_pad_id:
+            continue
+        runs += token == image_pad_id
+        collapsed.append(token)
+    if runs != num_images:
+        raise ChatError(f"the context holds {runs} runs of image tokens for {num_images} frames; render it with chat")
+    return collapsed
+
+
+def expand_image_pads(input_ids: list[int], image_pad_id: int, tokens_per_image: list[int]) -> list[int]:
+    """The inverse of :func:`collapse_image_pads`: what vLLM's prompt update does to a token prompt."""
+    expanded: list[int] = []
+    images = iter(tokens_per_image)
+    for token in input_ids:
+        expanded += [token] * next(images) if token == image_pad_id else [token]
+    return expanded
+
+
+def vllm_prompt(request: GenerationRequest, image_pad_id: int) -> dict[str, Any]:
+    """One ``vllm.inputs.TokensPrompt``: collapsed token ids and the frames as RGB images."""
+    from PIL import Image
+
+    prompt: dict[str, Any] = {
+        "prompt_token_ids": collapse_image_pads(request.input_ids, image_pad_id, len(request.images))
+    }
+    if request.images:
+        prompt["multi_modal_data"] = {
+            "image": [Image.fromarray(np.ascontiguousarray(frame, dtype=np.uint8)) for frame in request.images]
+        }
+    return prompt
+
+
+def stop_token_ids(processor: Any, model_dir: str | os.PathLike) -> list[int]:
+    """End-of-turn plus the model's configured EOS ids: the ``hf`` engine's stop set."""
+    ids = {end_of_turn_id(processor)}
+    path = Path(model_dir) / "generation_config.json"
+    if path.is_file():
+        configured = json.loads(path.read_text()).get("eos_token_id")
+        if configured is not None:
+            ids |= {int(configured)} if isinstance(configured, int) else {int(i) for i in configured}
+    return sorted(ids)
+
+
+def banned_token_ids(processor: Any, stop_ids: list[int]) -> list[int]:
+    """Special tokens a reply must never contain (vision placeholders, turn openers); the ``hf`` engine's set."""
+    tokenizer = processor.tokenizer
+    special = {int(i) for i, token in tokenizer.added_tokens_decoder.items() if token.special}
+    return sorted(special - set(stop_ids))
+
+
+def sampling_kwargs(
+    settings: GenerationSettings, index: int, stop_ids: list[int], banned_ids: list[int]
+) -> dict[str, Any]:
+    """``vllm.SamplingParams`` arguments for request ``index`` of a call (seeded per request)."""
+    kwargs: dict[str, Any] = {
+        "max_tokens": settings.max_new_tokens,
+        "stop_token_ids": list(stop_ids),
+        "skip_special_tokens": True,
+        "logit_bias": {token: BANNED_LOGIT_BIAS for token in banned_ids} or None,
+    }
+    if settings.greedy:
+        kwargs["temperature"] = 0.0
+    else:
+        kwargs |= {"temperature": settings.temperature, "top_p": settings.top_p}
+        if settings.seed is not None:
+            kwargs["seed"] = int(np.random.SeedSequence([settings.seed, index]).generate_state(1)[0])
+    return kwargs
+
+
+def result_from_output(token_ids: list[int], text: str, stop_ids: list[int]) -> GenerationResult:
+    """The reply cut after its first stop token (kept), as the ``hf`` engine returns it.
+
+    vLLM keeps the stop token it ended on in ``token_ids``; should a build drop it, an output
+    that ended on a stop token is recognised by ``finish_reason`` in :meth:`VLLMEngine.generate`.
+    """
+    row = list(token_ids)
+    for index, token in enumerate(row):
+        if token in stop_ids:
+            row = row[: index + 1]
+            break
+    return GenerationResult(response_ids=row, text=text)
+
+
+def lora_rank_slot(rank: int) -> int:
+    """The smallest vLLM LoRA slot that holds an adapter of this rank."""
+    for slot in LORA_RANK_SLOTS:
+        if slot >= rank:
+            return slot
+    raise ValueError(f"LoRA rank {rank} exceeds vLLM's largest slot {LORA_RANK_SLOTS[-1]}; use a smaller rank")
+
+
+def adapter_rank(adapter_dir: str | os.PathLike) -> int:
+    path = Path(adapter_dir) / "adapter_config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"adapter_dir={adapter_dir} has no adapter_config.json; pass a PEFT adapter directory")
+    return int(json.loads(path.read_text())["r"])
+
+
+def engine_kwargs(
+    model_dir: str | os.PathLike,
+    adapter_dir: str | os.PathLike | None,
+    max_images_per_prompt: int,
+    max_model_len: int | None,
+    gpu_memory_utilization: float,
+    seed: int,
+) -> dict[str, Any]:
+    """``vllm.LLM`` arguments: bfloat16, prefix caching, enough image slots for a whole episode."""
+    kwargs: dict[str, Any] = {
+        "model": str(model_dir),
+        "dtype": "bfloat16",
+        "enable_prefix_caching": True,
+        "limit_mm_per_prompt": {"image": max_images_per_prompt},
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "seed": seed,
+    }
+    if max_model_len is not None:
+        kwargs["max_model_len"] = max_model_len
+    if adapter_dir is not None:
+        kwargs |= {"enable_lora": True, "max_loras": 1, "max_lora_rank": lora_rank_slot(adapter_rank(adapter_dir))}
+    return kwargs
+
+
+@dataclass(frozen=True)
+class VllmApi:
+    """The three vLLM names the engine uses, resolved lazily (``load_vllm_api``)."""
+
+    LLM: Any
+    SamplingParams: Any
+    LoRARequest: Any
+
+
+def load_vllm_api() -> VllmApi:
+    """Import vLLM, refusing clearly where it cannot run (no CUDA GPU, not installed)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("the vllm engine needs a CUDA GPU and none is visible; use engine='hf' on this machine")
+    try:
+        from vllm import LLM, SamplingParams
+        from vllm.lora.request import LoRARequest
+    except ImportError as error:
+        raise RuntimeError(
+            f"the vllm engine needs the 'vllm' package ({error}); it is in the GPU cluster image "
+            "(pip install 'mazerl[cluster]' on Python 3.12), or use engine='hf'"
+        ) from error
+    return VllmApi(LLM, SamplingParams, LoRARequest)
+
+
+class VLLMEngine:
+    """Offline vLLM generation for the episode runner (same protocol as ``HFEngine``)."""
+
+    def __init__(
+        self,
+        model_dir: str | os.PathLike,
+        processor: Any,
+        adapter_dir: str | os.PathLike | None = None,
+        max_images_per_prompt: int = 16,
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.8,
+        seed: int = 0,
+        api: VllmApi | None = None,
+    ) -> None:
+        self.api = api or load_vllm_api()
+        self.processor = processor
+        self.image_pad_id = image_token_id(processor)
+        self.stop_ids = stop_token_ids(processor, model_dir)
+        self.banned_ids = banned_token_ids(processor, self.stop_ids)
+        kwargs = engine_kwargs(
+            model_dir, adapter_dir, max_images_per_prompt, max_model_len, gpu_memory_utilization, seed
+        )
+        self.llm = self.api.LLM(**kwargs)
+        self.lora_request = (
+            self.api.LoRARequest(lora_name=LORA_NAME, lora_int_id=1, lora_path=str(adapter_dir))
+            if adapter_dir is not None
+            else None
+        )
+
+    @staticmethod
+    def from_policy(policy: Any, **kwargs: Any) -> VLLMEngine:
+        """Serve the model (and adapter) a ``mazerl.policy.loader.Policy`` was loaded from."""
+        return VLLMEngine(policy.model_dir, policy.processor, adapter_dir=policy.adapter_dir, **kwargs)
+
+    def generate(self, requests: list[GenerationRequest], settings: GenerationSettings) -> list[GenerationResult]:
+        if not requests:
+            return []
+        prompts = [vllm_prompt(request, self.image_pad_id) for request in requests]
+        params = [
+            self.api.SamplingParams(**sampling_kwargs(settings, index, self.stop_ids, self.banned_ids))
+            for index in range(len(requests))
+        ]
+        outputs = self.llm.generate(prompts, params, lora_request=self.lora_request, use_tqdm=False)
+        results = []
+        for output in outputs:  # vLLM returns outputs in request order
+            completion = output.outputs[0]
+            token_ids = list(completion.token_ids)
+            stop_reason = getattr(completion, "stop_reason", None)
+            if completion.finish_reason == "stop" and stop_reason in self.stop_ids and stop_reason not in token_ids:
+                token_ids.append(stop_reason)
+            results.append(result_from_output(token_ids, completion.text, self.stop_ids))
+        return results
