@@ -218,7 +218,7 @@ def test_eval_report_metrics_table_and_artifacts(uri, mlflow_root, tmp_path):
     assert logged["eval/success_rate"] == 0.5
     assert logged["eval/avg_moves"] == 10.0
     assert logged["eval/parse_failure_rate"] == 0.15
-    assert (logged["eval/success_ci_low"], logged["eval/success_ci_high"]) == (0.0945, 0.9055)
+    assert (logged["eval/success_ci95_low"], logged["eval/success_ci95_high"]) == (0.0945, 0.9055)
     assert logged["eval/budget_ceiling"] == 1.0 and logged["eval/n_mazes"] == 2
     assert "eval/moves_over_optimal" not in logged, "None fields are skipped"
     # and the per-maze table, summary and GIFs are artifacts

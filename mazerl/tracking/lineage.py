@@ -64,8 +64,8 @@ EVAL_METRICS = {
     "success_rate": "eval/success_rate",
     "avg_moves": "eval/avg_moves",
     "parse_failure_rate": "eval/parse_failure_rate",
-    "ci_low": "eval/success_ci_low",
-    "ci_high": "eval/success_ci_high",
+    "ci_low": "eval/success_ci95_low",  # the names EvalReport.metrics() uses
+    "ci_high": "eval/success_ci95_high",
     "budget_ceiling": "eval/budget_ceiling",
     "n": "eval/n_mazes",
     "solved": "eval/solved",
@@ -565,7 +565,7 @@ def log_eval_report(
     """Log an eval output directory on a run; returns the metrics logged.
 
     Metrics: ``eval/success_rate``, ``eval/avg_moves``, ``eval/parse_failure_rate``,
-    ``eval/success_ci_low``/``_high``, ``eval/budget_ceiling``, ``eval/n_mazes`` (and any
+    ``eval/success_ci95_low``/``_high``, ``eval/budget_ceiling``, ``eval/n_mazes`` (and any
     other numeric summary field as ``eval/<key>``) at ``step``. Artifacts: the per-maze
     table ``eval/results.json`` (``log_table``, shown in the MLflow UI's evaluation view),
     ``eval/summary.json`` and ``eval/results.jsonl`` (scrubbed), and the episode GIFs under
