@@ -12,6 +12,8 @@ own functions, not with our reading of them:
 3. metrics: SkyRL's ``get_rollout_metrics`` on our env's metrics gives the names our aliases
    read, and SkyRL's MLflow ``Tracking`` (through our ``MazePPOExp.get_tracker``) logs SkyRL's
    params and our aliased metrics into an existing run when that run is active.
+4. trainer_state: a ``trainer_state.pt`` shaped as SkyRL writes it loads through our
+   checkpoint reader (``weights_only=True``).
 
 Usage (a Python 3.12 venv outside the repo with ``skyrl==0.4.0``, ``skyrl-gym``, ``mlflow``)::
 
@@ -180,6 +182,24 @@ def check_metrics(cfg):
     )
 
 
+def check_trainer_state(cfg):
+    """SkyRL's trainer_state.pt (``{"global_step", "config": asdict(cfg)}``, trainer.save_checkpoints) must
+    load through our reader, which unpickles with ``weights_only=True``."""
+    from dataclasses import asdict
+
+    import torch
+
+    from mazerl.training import checkpoints
+
+    with tempfile.TemporaryDirectory() as tmp:
+        step_dir = Path(tmp) / "global_step_3"
+        step_dir.mkdir()
+        torch.save({"global_step": 3, "config": asdict(cfg)}, step_dir / checkpoints.TRAINER_STATE)
+        state = checkpoints.load_trainer_state(checkpoints.Checkpoint(3, step_dir))
+    assert state["global_step"] == 3 and state["config"]["trainer"]["ckpt_path"] == cfg.trainer.ckpt_path
+    return "a trainer_state.pt shaped as SkyRL saves it loads with weights_only=True through checkpoints.load_trainer_state"
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__)
@@ -191,6 +211,7 @@ def main(argv: list[str]) -> int:
         ("config", lambda: check_config(config)),
         ("tickets", lambda: check_tickets(config, cfg)),
         ("metrics", lambda: check_metrics(cfg)),
+        ("trainer_state", lambda: check_trainer_state(cfg)),
     ]
     for name, check in checks:
         try:
