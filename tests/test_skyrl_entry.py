@@ -91,8 +91,18 @@ def test_bad_configs_exit_2_before_writing_anything(tmp_path, capsys, changes, n
     assert not (tmp_path / "root" / "runs").exists(), "nothing may be written for a refused config"
 
 
-def test_missing_config_file_is_a_configuration_error(tmp_path, capsys):
+def test_missing_or_unreadable_config_file_is_a_configuration_error(tmp_path, capsys):
     assert main(["--config", str(tmp_path / "absent.yaml"), "--dry-run"]) == EXIT_CONFIG
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("run_id: [unclosed")
+    assert main(["--config", str(broken), "--dry-run"]) == EXIT_CONFIG
+
+
+def test_a_pool_larger_than_the_world_is_a_configuration_error(tmp_path, capsys):
+    # the 7x7 world has 768 mazes, 256 of them in the eval set: 600 training mazes cannot exist
+    path = write_config(tmp_path, train_pool_size=600)
+    assert main(["--config", str(path), "--dry-run"]) == EXIT_CONFIG
+    assert "train_pool_size" in capsys.readouterr().out
 
 
 def test_a_finished_run_reports_already_complete_and_does_nothing(tmp_path, capsys):

@@ -37,6 +37,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
 from mazerl.training import checkpoints
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config)
         overrides = build_overrides(config)
-    except (OSError, ValueError, ValidationError) as error:  # SkyrlConfigError is a ValueError
+    except (OSError, ValueError, ValidationError, yaml.YAMLError) as error:  # SkyrlConfigError is a ValueError
         log(f"configuration error: {error}")
         return EXIT_CONFIG
 
@@ -199,7 +200,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_CONFIG
 
-    files = write_datasets(config)
+    try:
+        files = write_datasets(config)
+    except ValueError as error:  # e.g. a training pool larger than the world outside the eval set
+        log(f"configuration error: {error}")
+        return EXIT_CONFIG
     save_overrides(overrides, files.resolved_config)
     log(f"datasets: {files.train_data} and {files.eval_data}; resuming after step {step or 0}")
     if args.dry_run:
