@@ -14,6 +14,7 @@ from mazerl.params import PipelineParams
 from mazerl.tracking.curves import log_learning_curve
 from mazerl.tracking.lineage import set_run_status
 from mazerl.tracking.registry import PromotionDecision, promote
+from mazerl.tracking.secrets import scrub_text
 from tasks.context import RunContext
 from tasks.merge import MergedModel
 from tasks.training import TrainOutcome
@@ -120,7 +121,7 @@ def promote_model(
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(run.tracking_uri)
-    client.log_dict(run.pipeline_run_id, asdict(summary), "summary.json")
+    client.log_text(run.pipeline_run_id, scrub_text(json.dumps(asdict(summary), indent=2)), "summary.json")
     for key, value in {
         "baseline/success_rate": baseline.success_rate,
         "final/success_rate": final.success_rate,

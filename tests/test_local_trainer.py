@@ -1,0 +1,145 @@
+"""The local GRPO engine on the reduced starter: updates, checkpoints, exact resume, completion."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mazerl.training import checkpoints
+from mazerl.training.config import TrainConfig, save_config
+from mazerl.training.local_trainer import LocalGRPOTrainer, TrainingConfigError
+
+
+def tiny_config(root, model_dir, run_id="r", **overrides):
+    """Seconds per step: 1 maze x 2 samples, 3-move episodes, sampling warm enough to vary rewards."""
+    values = {
+        "run_id": run_id,
+        "data_root": str(root),
+        "base_model": str(model_dir),
+        "eval_set": "maze256-small-v1",
+        "history_images": 1,
+        "max_turns": 3,
+        "steps": 3,
+        "mazes_per_step": 1,
+        "train_pool_size": 8,
+        "checkpoint_interval": 1,
+        "checkpoints_kept": 5,
+        "torch_threads": 1,
+        "lora": {"rank": 4, "alpha": 8},
+        "grpo": {"samples_per_maze": 2, "max_new_tokens": 8, "temperature": 0.7, "format_bonus": 1.0},
+    }
+    for key, value in overrides.items():
+        values[key] = value if not isinstance(value, dict) else {**values.get(key, {}), **value}
+    return TrainConfig.model_validate(values)
+
+
+def adapter_tensors(config, step=None):
+    latest = checkpoints.latest(config.checkpoint_dir)
+    path = checkpoints.step_dir(config.checkpoint_dir, step) if step else latest.path
+    return load_file(str(path / checkpoints.ADAPTER_SUBDIR / "adapter_model.safetensors"))
+
+
+def test_training_changes_the_adapter_and_checkpoints_every_step(tmp_path, starter_model_dir):
+    config = tiny_config(tmp_path, starter_model_dir, steps=2)
+    result = LocalGRPOTrainer(config, log=lambda _: None).run()
+    assert (result.start_step, result.final_step, result.steps_run) == (0, 2, 2)
+    assert checkpoints.read_marker(config.checkpoint_dir) == 2
+    state = checkpoints.load_trainer_state(checkpoints.latest(config.checkpoint_dir))
+    assert state["global_step"] == 2 and state["data_order"]["next_step"] == 3
+    lora_b = {k: v for k, v in adapter_tensors(config).items() if "lora_B" in k}
+    assert lora_b and any(v.abs().sum() > 0 for v in lora_b.values()), "LoRA B starts at zero; updates must move it"
+    assert not any("visual" in k for k in adapter_tensors(config)), "the vision tower gets no adapter"
+
+
+def test_resumed_run_equals_uninterrupted_run_bitwise(tmp_path, starter_model_dir):
+    # Given the same seed, when one run does 3 steps and another does 2 then resumes to 3,
+    # then the final adapters are bit-identical (CPU, one thread).
+    straight = tiny_config(tmp_path / "a", starter_model_dir)
+    LocalGRPOTrainer(straight, log=lambda _: None).run()
+    first = tiny_config(tmp_path / "b", starter_model_dir, steps=2)
+    LocalGRPOTrainer(first, log=lambda _: None).run()
+    resumed = tiny_config(tmp_path / "b", starter_model_dir)
+    lines = []
+    result = LocalGRPOTrainer(resumed, log=lines.append).run()
+    assert result.start_step == 2 and result.steps_run == 1
+    assert any("resumed from step 2" in line for line in lines)
+    a, b = adapter_tensors(straight), adapter_tensors(resumed)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs after resume"
+    metrics_a = (
+        [json.loads(x) for x in (straight.run_dir / "metrics.jsonl").read_text().splitlines()]
+        if (straight.run_dir / "metrics.jsonl").exists()
+        else []
+    )
+    assert metrics_a == [], "without a sink the trainer writes no metrics file"
+
+
+def test_complete_run_does_no_work_and_says_so(tmp_path, starter_model_dir):
+    config = tiny_config(tmp_path, starter_model_dir, steps=1)
+    LocalGRPOTrainer(config, log=lambda _: None).run()
+    lines = []
+    result = LocalGRPOTrainer(config, log=lines.append).run()
+    assert result.already_complete and result.steps_run == 0 and result.final_step == 1
+    assert "already complete at step 1 (steps=1); nothing to train" in lines
+    assert not any(line.startswith("step ") for line in lines), "no step is trained again"
+
+
+def test_resume_none_refuses_an_existing_checkpoint(tmp_path, starter_model_dir):
+    LocalGRPOTrainer(tiny_config(tmp_path, starter_model_dir, steps=1), log=lambda _: None).run()
+    with pytest.raises(TrainingConfigError, match="resume='latest'"):
+        LocalGRPOTrainer(tiny_config(tmp_path, starter_model_dir, steps=2, resume="none")).run()
+
+
+def test_checkpoint_from_another_base_model_is_refused(tmp_path, starter_model_dir):
+    config = tiny_config(tmp_path, starter_model_dir, steps=1)
+    LocalGRPOTrainer(config, log=lambda _: None).run()
+    checkpoint = checkpoints.latest(config.checkpoint_dir)
+    state = checkpoints.load_trainer_state(checkpoint)
+    state["base_model_fingerprint"] = "0" * 64
+    checkpoints.save_trainer_state(checkpoint.path, state)
+    with pytest.raises(TrainingConfigError, match="another base model"):
+        LocalGRPOTrainer(tiny_config(tmp_path, starter_model_dir, steps=2)).run()
+
+
+def test_killed_job_resumes_from_its_checkpoint_without_redoing_steps(tmp_path, starter_model_dir):
+    # Given a training process killed hard after its first checkpoint, when it is started
+    # again, then it continues at the next step and ends with the uninterrupted adapter.
+    config = tiny_config(tmp_path / "killed", starter_model_dir, steps=4)
+    path = save_config(config, tmp_path / "train.json")
+    command = [sys.executable, "-m", "mazerl.training.local_entry", "--config", str(path)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while checkpoints.read_marker(config.checkpoint_dir) is None and time.time() < deadline:
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = checkpoints.read_marker(config.checkpoint_dir)
+    assert killed_at is not None and killed_at < 4
+    rerun = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert f"resumed from step {killed_at}" in rerun.stdout
+    started = [int(line.split()[1].split("/")[0]) for line in rerun.stdout.splitlines() if line.startswith("step ")]
+    assert started == list(range(killed_at + 1, 5)), "no completed step is trained twice"
+    straight = tiny_config(tmp_path / "straight", starter_model_dir, steps=4)
+    LocalGRPOTrainer(straight, log=lambda _: None).run()
+    a, b = adapter_tensors(straight), adapter_tensors(config)
+    assert all(torch.equal(a[k], b[k]) for k in a), "the resumed adapter equals the uninterrupted one"
+
+
+def test_config_errors_exit_with_code_2(tmp_path, starter_model_dir):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"run_id": "x", "base_model": str(starter_model_dir), "learning_rate": -1}))
+    result = subprocess.run(
+        [sys.executable, "-m", "mazerl.training.local_entry", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and "learning_rate" in result.stdout
