@@ -31,6 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--size", type=int, default=9)
     run.set_defaults(func=_demo)  # until the pipeline lands
+    from mazerl.evaluation.cli import add_eval_command
+    from mazerl.policy.starter_cli import add_build_starter_command
+
+    add_build_starter_command(sub)
+    add_eval_command(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

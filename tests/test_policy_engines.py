@@ -88,3 +88,14 @@ def test_turn_seeds_differ_per_turn_and_stay_none_without_a_seed():
     assert settings.for_turn(0).seed != settings.for_turn(1).seed
     assert settings.for_turn(3) == settings.for_turn(3)
     assert GenerationSettings().for_turn(4).seed is None
+
+
+def test_special_tokens_other_than_stops_are_never_generated(engine):
+    # given replies sampled very hot (nearly uniform over the vocabulary)
+    batch = requests(engine.processor, range(8))
+    hot = GenerationSettings(greedy=False, temperature=50.0, max_new_tokens=16, seed=3)
+    results = engine.generate(batch, hot)
+    # then no reply holds an image pad, vision marker or turn opener
+    banned = set(engine.banned_ids)
+    assert {"<|image_pad|>", "<|im_start|>"} <= set(engine.processor.tokenizer.convert_ids_to_tokens(sorted(banned)))
+    assert not any(banned & set(r.response_ids) for r in results)

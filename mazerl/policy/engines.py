@@ -7,7 +7,7 @@ what was generated.
 
 The ``hf`` engine batches requests through ``transformers``' ``generate`` with left
 padding, greedy or temperature/top-p sampling (no top-k, as vLLM's defaults), stopping at
-the model's end-of-turn token. It does not reuse the KV cache across turns: the requests
+the model's end-of-turn token; special tokens other than the stop tokens are suppressed. It does not reuse the KV cache across turns: the requests
 of one call are different episodes with different left padding, and with
 ``history_images`` < all an old frame leaves the context, so the previous turn's cache is
 not a prefix of the next context; within a turn ``generate`` caches as usual. vLLM's
@@ -71,6 +71,15 @@ class InferenceEngine(Protocol):
     def generate(self, requests: list[GenerationRequest], settings: GenerationSettings) -> list[GenerationResult]: ...
 
 
+def banned_token_ids(processor: Any, stop_ids: list[int]) -> list[int]:
+    """Special tokens a reply must never contain: vision placeholders, turn openers (all but the stop tokens).
+
+    An ``<|image_pad|>`` in a reply would enter the next context as an image without a frame.
+    """
+    special = {int(i) for i, token in processor.tokenizer.added_tokens_decoder.items() if token.special}
+    return sorted(special - set(stop_ids))
+
+
 class HFEngine:
     """``transformers`` generation, batched across requests (CPU or GPU).
 
@@ -87,6 +96,7 @@ class HFEngine:
         self.device = next(model.parameters()).device
         self.eos_ids = sorted(self._stop_ids())
         self.pad_id = pad_id(processor)
+        self.banned_ids = banned_token_ids(processor, self.eos_ids)
         self.suppressed_ids = self._suppressed_ids()
 
     @staticmethod

@@ -98,9 +98,12 @@ class StarterConfig(BaseModel):
         description="outside_eval: only mazes not in the eval set (the baseline then measures generalisation); "
         "all: every maze of the world.",
     )
+    history_noise: float = Field(
+        0.3, ge=0, le=1, description="Per-step chance of a wall bump or dead-end excursion in warm-start histories."
+    )
     epochs: float = Field(1.5, gt=0, description="Passes over the warm-start states (fractional allowed).")
     max_states: int | None = Field(None, ge=1, description="Use only the first N states (reduced builds).")
-    batch_size: int = Field(32, ge=1, description="States per optimizer step.")
+    batch_size: int = Field(16, ge=1, description="States per optimizer step (16 learns faster per second than 32).")
     learning_rate: float = Field(1e-3, gt=0, description="AdamW peak learning rate (cosine decay to 0).")
     warmup_steps: int = Field(20, ge=0, description="Linear warm-up steps.")
     aux_weight: float = Field(1.0, ge=0, description="Weight of each auxiliary per-cell loss (0 disables them).")
@@ -119,28 +122,46 @@ class StarterConfig(BaseModel):
 
 
 def tokenizer_corpus() -> list[str]:
-    """Every text the maze world produces: prompts (all sizes, budgets, formats), feedback, actions."""
-    texts: list[str] = []
+    """The text between special tokens in every conversation the maze world produces.
+
+    Chunks as the chat template lays them out: ``user\n`` + a prompt or feedback text
+    (the image and the end of the message are special tokens), ``assistant\n`` alone
+    (replies are generated separately), the replies, and the ``\n`` after each message.
+    """
+    observations: list[str] = []
+    replies: list[str] = []
     for action_format in ("tuple", "keyword"):
         for size in (5, 7, 9, 11, 13):
             for budget in (10, 15, 20, 30):
-                texts.append(MazeEnv(size=size, max_moves=budget, action_format=action_format).prompt())
-        texts += [action_text(action, action_format) for action in range(5)]
-        texts.append(f"Could not read an action. Reply with exactly one of: {ACCEPTED_FORMS[action_format]}.")
-    texts += [f"Moved {word}." for word in DIRECTION_WORDS.values()]
-    texts += ["Cannot move into a wall.", "Stopped on the target.", "Stopped away from the target."]
-    texts += [text + " The move budget is spent." for text in texts[-7:]]
-    texts += ["user\n", "assistant\n", "system\n"]
-    return texts
+                observations.append(MazeEnv(size=size, max_moves=budget, action_format=action_format).prompt())
+        replies += [action_text(action, action_format) for action in range(5)]
+        observations.append(f"Could not read an action. Reply with exactly one of: {ACCEPTED_FORMS[action_format]}.")
+    feedback = [f"Moved {word}." for word in DIRECTION_WORDS.values()]
+    feedback += ["Cannot move into a wall.", "Stopped on the target.", "Stopped away from the target."]
+    observations += feedback + [text + " The move budget is spent." for text in feedback]
+    # Weighted roughly as an episode uses them: one prompt, then per turn a reply and a feedback line.
+    return (
+        [f"user\n{text}" for text in observations]
+        + [f"user\n{text}" for text in feedback] * 40
+        + replies * 40
+        + ["assistant\n", "\n"] * 200
+        + ["system\n"]
+    )
 
 
 def build_tokenizer(vocab_size: int) -> Any:
-    """Byte-level BPE (any text stays encodable) with the Qwen special tokens, as a HF fast tokenizer."""
+    """Byte-level BPE with the Qwen special tokens, as a HF fast tokenizer.
+
+    Byte-level keeps any text encodable. Merges may cross spaces (no pre-tokenizer split):
+    over this small, repetitive corpus that turns whole fixed phrases (an action, a
+    feedback line, most of the task prompt) into single tokens, which keeps contexts, and
+    so the warm-start, rollouts and GRPO, about half as long as word-level tokens would.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -148,7 +169,7 @@ def build_tokenizer(vocab_size: int) -> Any:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(tokenizer_corpus() * 4, trainer)
+    tokenizer.train_from_iterator(tokenizer_corpus(), trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token="<|im_end|>",
@@ -286,11 +307,15 @@ def build_starter(
     config: StarterConfig | None = None,
     log: Callable[[str], None] = print,
     warm_start: bool = True,
+    on_checkpoint: Callable[[torch.nn.Module, Any, int, float], dict[str, float]] | None = None,
+    checkpoints: int = 0,
 ) -> Path:
     """Build the starter into ``out_dir`` (which must not exist yet); returns its path.
 
     Everything is written to a temporary sibling directory first and renamed into place,
     so an interrupted build never leaves a directory that looks complete.
+    ``on_checkpoint(model, processor, step, epoch)`` may measure the model ``checkpoints``
+    times during the warm-start and at its end (benchmarks use it for the learning curve).
     """
     from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
 
@@ -316,7 +341,13 @@ def build_starter(
         if warm_start:
             from mazerl.policy.warmstart import warm_start as run_warm_start
 
-            record = run_warm_start(model, processor, config, log=log)
+            measure = None
+            if on_checkpoint is not None:
+
+                def measure(step: int, epoch: float) -> dict[str, float]:
+                    return on_checkpoint(model, processor, step, epoch)
+
+            record = run_warm_start(model, processor, config, log=log, on_checkpoint=measure, checkpoints=checkpoints)
         model.eval()
         model.generation_config = GenerationConfig(
             eos_token_id=[tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id],
@@ -331,7 +362,10 @@ def build_starter(
             "config": config.model_dump(mode="json"),
             "weights_sha256": digest,
             "parameters": parameters,
-            "build_seconds": round(time.perf_counter() - started, 1),
+            # Wall time of the build itself (measurements taken by on_checkpoint excluded).
+            "build_seconds": round(
+                time.perf_counter() - started - record.get("warm_start", {}).get("checkpoint_seconds", 0.0), 1
+            ),
             "versions": {
                 "torch": torch.__version__,
                 "transformers": _version("transformers"),

@@ -1,12 +1,13 @@
 """Warm-start of the starter: supervised imitation of the shortest-path solver.
 
 Data. One state per (maze, agent cell): the agent stands on any open cell, the context is
-the conversation an episode would have had walking there along the maze's unique path
-from the start (the task prompt, the solver's replies, the env's feedback, the frames
-kept by ``history_images``), and the answer is the solver's next action from that cell
-(``('stop', 'stop')`` on the target). Contexts are rendered by ``chat.render`` through the
-real processor and chat template, so the starter learns on exactly what the runner shows
-it. States whose walk already spends the move budget are left out.
+the conversation an episode would have had walking there from the start (the task
+prompt, the replies, the env's feedback, the frames kept by ``history_images``), and the
+answer is the solver's next action from that cell (``('stop', 'stop')`` on the target).
+The walk arrives on the cell from a random open neighbour, with random wall bumps and
+excursions mixed in (``history_noise``; see :func:`noisy_walk` for why). Contexts are rendered by
+``chat.render`` through the real processor and chat template, so the starter learns on
+exactly what the runner shows it. States whose walk already spends the budget are left out.
 
 Why auxiliary losses. Plain imitation of a from-scratch 2 M-parameter Qwen3-VL stalls at
 "pick any open direction" (per-action accuracy ~0.42, no maze solved). Two linear heads on
@@ -16,7 +17,8 @@ one predicts which cell the agent is on. Each is weighted ``aux_weight`` beside 
 loss; the heads are discarded afterwards, so the saved model is a plain Qwen3-VL.
 
 Loop: AdamW, linear warm-up then cosine decay, batches of ``batch_size`` states drawn
-from one seeded permutation per epoch, gradient clipping at 1.0.
+from one seeded permutation per epoch (length-sorted within windows, to pad less),
+gradient clipping at 1.0.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch.nn.functional as F
 
 from envs.evalset import EvalSet
 from envs.evalset import load as load_eval_set
-from envs.maze import DIRECTION_WORDS, DIRECTIONS, Layout, MazeEnv, action_text, solve_actions
+from envs.maze import DIRECTIONS, Layout, MazeEnv, action_text, solve_actions
 from mazerl.policy.chat import Conversation, end_of_turn_id, image_token_id, model_inputs, render
 
 WALL_CLASS = 5  # per-cell classes: 0-3 move, 4 stop (the target), 5 wall
@@ -82,13 +84,62 @@ def _reply_ids(processor: Any, action: int, action_format: str) -> list[int]:
     return list(ids) + [end_of_turn_id(processor)]
 
 
-def state_cells(layouts: list[Layout], max_moves: int) -> list[tuple[int, tuple[int, int], list[int]]]:
+REVERSE = {0: 2, 1: 3, 2: 0, 3: 1}
+
+
+def noisy_walk(layout: Layout, cell: tuple[int, int], noise: float, rng: np.random.Generator) -> list[int]:
+    """Actions from the start to ``cell``, arriving from a random open neighbour, with noise mixed in.
+
+    Why not the maze's path: on path histories the last action gives the answer away (on
+    the way to the target "continue" is right, in a dead-end branch "go back" always is),
+    so a model learns to read the history instead of the frame and, once it strays, swings
+    back and forth. Here the walk goes to a random open neighbour of ``cell`` first (through
+    ``cell`` when that neighbour lies beyond it) and then steps onto ``cell``, so the last
+    move says nothing about the answer; before each step, with probability ``noise / 2``
+    each, it also bumps into a wall or steps into a side cell and back.
+    """
+    neighbours = [
+        (cell[0] + d[0], cell[1] + d[1])
+        for d in DIRECTIONS.values()
+        if not layout.walls[cell[0] + d[0], cell[1] + d[1]]
+    ]
+    if cell == layout.agent and rng.random() < 0.5:
+        path: list[int] = []  # the episode's very first turn
+    else:
+        before = neighbours[int(rng.integers(len(neighbours)))]
+        to_before = [] if before == layout.agent else solve_actions(Layout(layout.walls, layout.agent, before))[:-1]
+        back = next(a for a, d in DIRECTIONS.items() if (before[0] + d[0], before[1] + d[1]) == cell)
+        path = [*to_before, back]
+    walk: list[int] = []
+    position = layout.agent
+    for step in [*path, None]:
+        draw = rng.random()
+        around = {a: (position[0] + d[0], position[1] + d[1]) for a, d in DIRECTIONS.items()}
+        blocked = [a for a, n in around.items() if layout.walls[n]]
+        sides = [a for a, n in around.items() if not layout.walls[n] and a != step]
+        if draw < noise / 2 and blocked:
+            walk.append(int(rng.choice(blocked)))
+        elif draw < noise and sides:
+            side = int(rng.choice(sides))
+            walk += [side, REVERSE[side]]
+        if step is not None:
+            walk.append(step)
+            position = around[step]
+    return walk
+
+
+def state_cells(
+    layouts: list[Layout], max_moves: int, noise: float, seed: int
+) -> list[tuple[int, tuple[int, int], list[int]]]:
     """(maze index, agent cell, walk from the start) of every state whose walk leaves a move to spare."""
     cells = []
     for maze, layout in enumerate(layouts):
         for row, col in zip(*np.nonzero(layout.walls == 0), strict=True):
             cell = (int(row), int(col))
-            walk = [] if cell == layout.agent else solve_actions(Layout(layout.walls, layout.agent, cell))[:-1]
+            rng = np.random.default_rng([seed, 3, maze, int(row), int(col)])
+            walk = noisy_walk(layout, cell, noise, rng)
+            if len(walk) + 1 > max_moves:
+                walk = noisy_walk(layout, cell, 0.0, rng)  # without the noise, if that fits
             if len(walk) + 1 <= max_moves:
                 cells.append((maze, cell, walk))
     return cells
@@ -103,34 +154,30 @@ def build_states(
     history_images: int | str,
     max_states: int | None = None,
     seed: int = 0,
+    noise: float = 0.0,
 ) -> list[State]:
-    """The states of ``layouts`` (a seeded subset of ``max_states`` if given), rendered through the chat template."""
-    cells = state_cells(layouts, max_moves)
+    """The states of ``layouts`` (a seeded subset of ``max_states`` if given), rendered through the chat template.
+
+    Walks are replayed through :class:`MazeEnv`, so feedback texts and frames are the env's own.
+    """
+    cells = state_cells(layouts, max_moves, noise, seed)
     if max_states is not None and max_states < len(cells):
         chosen = np.random.default_rng([seed, 1]).permutation(len(cells))[:max_states]
         cells = [cells[i] for i in sorted(chosen.tolist())]
     replies = {action: _reply_ids(processor, action, action_format) for action in range(5)}
-    env = MazeEnv(size=layouts[0].size, max_moves=max_moves, action_format=action_format, cell_px=cell_px)
-    prompt = env.prompt()
+    env = MazeEnv(size=layouts[0].size, max_moves=max_moves + 1, action_format=action_format, cell_px=cell_px)
     classes = {maze: cell_classes(layouts[maze]) for maze in sorted({maze for maze, _, _ in cells})}
-    frames: dict[tuple[int, tuple[int, int]], np.ndarray] = {}
-
-    def frame_at(maze: int, cell: tuple[int, int]) -> np.ndarray:
-        if (maze, cell) not in frames:
-            layout = layouts[maze]
-            frames[maze, cell] = env.reset(layout=Layout(layout.walls, cell, layout.target))[0]
-        return frames[maze, cell]
-
     states = []
     for maze, cell, walk in cells:
         layout = layouts[maze]
-        conversation = Conversation.start(prompt, frame_at(maze, layout.agent))
-        position = layout.agent
+        frame, _ = env.reset(layout=layout)
+        conversation = Conversation.start(env.prompt(), frame)
         for action in walk:
-            position = (position[0] + DIRECTIONS[action][0], position[1] + DIRECTIONS[action][1])
-            conversation.add_reply(replies[action], action_text(action, action_format))
-            conversation.add_observation(f"Moved {DIRECTION_WORDS[action]}.", frame_at(maze, position))
-        assert position == cell, f"walk to {cell} ended at {position}"
+            text = action_text(action, action_format)
+            frame, _, _, _, info = env.step(text)
+            conversation.add_reply(replies[action], text)
+            conversation.add_observation(info["feedback"], frame)
+        assert env.agent == cell, f"walk to {cell} ended at {env.agent}"
         input_ids, images = render(processor, conversation, history_images)
         index = cell[0] * layout.walls.shape[1] + cell[1]
         answer = int(classes[maze][index])
@@ -145,6 +192,19 @@ class AuxHeads(torch.nn.Module):
         super().__init__()
         self.cell_action = torch.nn.Linear(hidden, WALL_CLASS + 1)
         self.agent = torch.nn.Linear(hidden, 1)
+
+
+def epoch_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int, window: int = 16) -> list[np.ndarray]:
+    """One epoch's batches: a seeded permutation, sorted by length within windows of ``window``
+    batches (less padding: contexts range from ~90 to ~220 tokens), batch order shuffled."""
+    rng = np.random.default_rng([seed, 2, epoch])
+    order = rng.permutation(len(lengths))
+    batches = []
+    for start in range(0, len(order), batch_size * window):
+        chunk = order[start : start + batch_size * window]
+        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
 
 
 def _cosine(step: int, total: int, warmup: int) -> float:
@@ -217,6 +277,7 @@ def warm_start(
         config.history_images,
         config.max_states,
         config.seed,
+        config.history_noise,
     )
     prepared = time.perf_counter() - started
     steps = max(1, math.ceil(config.epochs * len(states) / config.batch_size))
@@ -232,16 +293,19 @@ def warm_start(
     layer = model.model.language_model.layers[config.aux_layer - 1]
     hook = layer.register_forward_hook(lambda _m, _i, output: captured.__setitem__("hidden", output))
     per_epoch = math.ceil(len(states) / config.batch_size)
+    lengths = np.array([len(s.input_ids) for s in states])
     log_every = max(1, steps // 20)
     checkpoint_steps = {round(steps * (k + 1) / (checkpoints + 1)) for k in range(checkpoints)} | {steps}
     curve: list[dict[str, float]] = []
     window: list[dict[str, float]] = []
+    checkpoint_seconds = 0.0  # time spent in on_checkpoint, not training
     model.train()
     try:
         for step in range(steps):
             epoch, offset = divmod(step, per_epoch)
-            permutation = np.random.default_rng([config.seed, 2, epoch]).permutation(len(states))
-            indices = permutation[offset * config.batch_size : (offset + 1) * config.batch_size]
+            if offset == 0:
+                batches = epoch_batches(lengths, config.batch_size, config.seed, epoch)
+            indices = batches[offset]
             loss, metrics = batch_loss(
                 model, heads, processor, [states[i] for i in indices], config.aux_weight, captured
             )
@@ -261,9 +325,11 @@ def warm_start(
                 }
                 window = []
                 if done in checkpoint_steps and on_checkpoint is not None:
+                    measure_started = time.perf_counter()
                     model.eval()
                     point |= on_checkpoint(done, point["epoch"])
                     model.train()
+                    checkpoint_seconds += time.perf_counter() - measure_started
                 curve.append(point)
                 log("warm-start: " + ", ".join(f"{k} {v}" for k, v in point.items()))
     finally:
@@ -274,7 +340,8 @@ def warm_start(
             "mazes": len(layouts),
             "states": len(states),
             "steps": steps,
-            "seconds": round(time.perf_counter() - started, 1),
+            "seconds": round(time.perf_counter() - started - checkpoint_seconds, 1),
+            "checkpoint_seconds": round(checkpoint_seconds, 1),
             "final_answer_accuracy": curve[-1]["answer_accuracy"],
             "curve": curve,
         }

@@ -1,0 +1,286 @@
+"""The eval stage: every maze of an eval set played greedily, in parallel over Ray workers.
+
+    report = evaluate("/path/to/model", eval_set="maze256-small-v1", workers=2, out_dir="eval/baseline")
+
+Writes ``results.jsonl`` (one line per maze, in set order), ``summary.json`` and up to
+``gif_count`` episode GIFs (half solved, half failed where the set allows) into
+``out_dir``, each atomically, and returns an :class:`EvalReport`: a small frozen value
+(paths and numbers) that a Prefect task can return and cache.
+
+Workers are Ray actors that load the policy once and play fixed chunks of the set, so the
+results are the same maze by maze whatever the number of workers. Without a running Ray
+(and no ``ray_address``) a local instance is started for the call and stopped after it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from envs.evalset import EvalSet
+from envs.evalset import load as load_eval_set
+from mazerl.evaluation.summary import summarize, write_json, write_jsonl
+from mazerl.evaluation.workers import EvalJob, EvalWorker
+
+ENGINES = ("hf", "vllm")
+RESULTS_FILE = "results.jsonl"
+SUMMARY_FILE = "summary.json"
+GIF_DIR = "gifs"
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    """Where an eval wrote its files and its headline numbers."""
+
+    out_dir: Path
+    results_path: Path
+    summary_path: Path
+    gif_paths: tuple[Path, ...]
+    eval_set: str
+    n: int
+    solved: int
+    success_rate: float
+    success_ci95: tuple[float, float]
+    mean_moves_solved: float | None
+    moves_over_optimal: float | None
+    parse_failure_rate: float
+    budget_ceiling: float
+    wall_seconds: float
+    episodes_per_second: float
+    model_digest: str
+    eval_set_digest: str
+
+    def metrics(self) -> dict[str, float]:
+        """MLflow metrics (design section 5 names)."""
+        return {
+            "eval/success_rate": self.success_rate,
+            "eval/success_ci95_low": self.success_ci95[0],
+            "eval/success_ci95_high": self.success_ci95[1],
+            "eval/avg_moves": self.mean_moves_solved if self.mean_moves_solved is not None else 0.0,
+            "eval/parse_failure_rate": self.parse_failure_rate,
+            "eval/budget_ceiling": self.budget_ceiling,
+            "eval/episodes_per_second": self.episodes_per_second,
+        }
+
+    @staticmethod
+    def from_summary(summary_path: str | os.PathLike) -> EvalReport:
+        """Re-read a finished eval (e.g. a cached baseline) from its ``summary.json``."""
+        summary_path = Path(summary_path)
+        summary = json.loads(summary_path.read_text())
+        out_dir = summary_path.parent
+        values = {f.name: summary[f.name] for f in fields(EvalReport) if f.name in summary}
+        return EvalReport(
+            **values
+            | {
+                "out_dir": out_dir,
+                "results_path": out_dir / RESULTS_FILE,
+                "summary_path": summary_path,
+                "gif_paths": tuple(out_dir / p for p in summary["gifs"]),
+                "success_ci95": tuple(summary["success_ci95"]),
+            }
+        )
+
+
+def default_history_images(model_dir: Path) -> int | str:
+    """How the model expects its context: the starter records it; other models get every frame (the reference)."""
+    from mazerl.policy.starter import RECORD_FILE
+
+    record = model_dir / RECORD_FILE
+    if record.is_file():
+        return json.loads(record.read_text())["config"]["history_images"]
+    return "all"
+
+
+def _check_arguments(
+    model_dir: Path, engine: str, workers: int, gif_count: int, max_mazes: int | None, chunk_size: int, threads: int
+) -> None:
+    from mazerl.policy.loader import _check_model_files, check_image_text_to_text
+
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r} must be one of {ENGINES} (vllm needs a GPU)")
+    for name, value, minimum in (
+        ("workers", workers, 1),
+        ("gif_count", gif_count, 0),
+        ("chunk_size", chunk_size, 1),
+        ("threads_per_worker", threads, 1),
+    ):
+        if value < minimum:
+            raise ValueError(f"{name}={value} must be >= {minimum}")
+    if max_mazes is not None and max_mazes < 1:
+        raise ValueError(f"max_mazes={max_mazes} must be >= 1 (or None for the whole set)")
+    if not model_dir.is_dir():
+        from mazerl.policy.loader import ModelLoadError
+
+        raise ModelLoadError(f"model_dir={str(model_dir)!r} is not a directory; pass a Hugging Face model directory")
+    _check_model_files(model_dir)
+    check_image_text_to_text(model_dir)
+
+
+def evaluate(
+    model_dir: str | os.PathLike,
+    adapter: str | os.PathLike | None = None,
+    eval_set: str = "maze64-easy-v1",
+    engine: str = "hf",
+    workers: int = 1,
+    out_dir: str | os.PathLike = "eval",
+    gif_count: int = 4,
+    max_mazes: int | None = None,
+    ray_address: str | None = None,
+    history_images: int | str | None = None,
+    action_format: str = "tuple",
+    max_new_tokens: int = 24,
+    chunk_size: int = 32,
+    threads_per_worker: int = 1,
+    gpus_per_worker: float | None = None,
+    device: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> EvalReport:
+    """Evaluate a model (optionally with a LoRA ``adapter``) greedily on every maze of ``eval_set``.
+
+    ``history_images``: None uses the model's recorded setting (the starter's) or "all".
+    ``gpus_per_worker``: None gives each worker one GPU for vllm and none for hf.
+    ``progress(done, total)`` is called as chunks of mazes finish.
+    """
+    started = time.perf_counter()
+    model_dir = Path(model_dir).expanduser().resolve()
+    _check_arguments(model_dir, engine, workers, gif_count, max_mazes, chunk_size, threads_per_worker)
+    if adapter is not None:
+        from mazerl.policy.loader import _check_adapter_dir
+
+        adapter = _check_adapter_dir(adapter)
+    mazes = load_eval_set(eval_set)
+    count = len(mazes) if max_mazes is None else min(max_mazes, len(mazes))
+    history = default_history_images(model_dir) if history_images is None else history_images
+    from mazerl.policy.chat import check_history_images
+
+    check_history_images(history)
+    out_dir = Path(out_dir).expanduser().resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    job = EvalJob(
+        model_dir=str(model_dir),
+        adapter_dir=str(adapter) if adapter is not None else None,
+        engine=engine,
+        eval_set=eval_set,
+        history_images=history,
+        action_format=action_format,
+        max_new_tokens=max_new_tokens,
+        threads=threads_per_worker,
+        device=device,
+        gif_candidates=gif_count,
+    )
+    chunks = [list(range(start, min(start + chunk_size, count))) for start in range(0, count, chunk_size)]
+    gpus = (1.0 if engine == "vllm" else 0.0) if gpus_per_worker is None else gpus_per_worker
+    rows, gifs, rollout_seconds = _run_on_ray(job, chunks, min(workers, len(chunks)), gpus, ray_address, progress)
+    rows.sort(key=lambda row: row["index"])
+    gif_paths = _write_gifs(out_dir, rows, gifs, gif_count)
+    summary = _summary(model_dir, adapter, mazes, count, job, rows, gif_paths, out_dir, workers)
+    summary["rollout_seconds"] = round(rollout_seconds, 3)
+    summary["episodes_per_second"] = count / rollout_seconds if rollout_seconds > 0 else 0.0
+    summary["wall_seconds"] = round(time.perf_counter() - started, 3)
+    write_jsonl(out_dir / RESULTS_FILE, rows)
+    write_json(out_dir / SUMMARY_FILE, summary)
+    return EvalReport.from_summary(out_dir / SUMMARY_FILE)
+
+
+def _run_on_ray(
+    job: EvalJob,
+    chunks: list[list[int]],
+    workers: int,
+    gpus: float,
+    ray_address: str | None,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[list[dict[str, Any]], dict[int, bytes], float]:
+    import ray
+    from ray.util import ActorPool
+
+    started_here = not ray.is_initialized()
+    if started_here:
+        if ray_address is not None:
+            ray.init(address=ray_address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=max(os.cpu_count() or 1, workers * job.threads), include_dashboard=False)
+    try:
+        actor = ray.remote(num_cpus=job.threads, num_gpus=gpus)(EvalWorker)
+        actors = [actor.remote(job) for _ in range(workers)]
+        # Actors load the policy in their constructor; waiting for it keeps the rollout clock honest.
+        ray.get([a.ready.remote() for a in actors])
+        pool = ActorPool(actors)
+        total = sum(len(chunk) for chunk in chunks)
+        rollout_started = time.perf_counter()
+        rows: list[dict[str, Any]] = []
+        gifs: dict[int, bytes] = {}
+        if progress is not None:
+            progress(0, total)
+        for result in pool.map_unordered(lambda a, chunk: a.run.remote(chunk), chunks):
+            rows += result.rows
+            gifs |= result.gifs
+            if progress is not None:
+                progress(len(rows), total)
+        return rows, gifs, time.perf_counter() - rollout_started
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def _write_gifs(out_dir: Path, rows: list[dict[str, Any]], gifs: dict[int, bytes], gif_count: int) -> list[Path]:
+    """Half solved, half failed (the lowest maze indices of each), topped up from the other kind."""
+    solved = [row["index"] for row in rows if row["solved"] and row["index"] in gifs]
+    failed = [row["index"] for row in rows if not row["solved"] and row["index"] in gifs]
+    take_solved = min(len(solved), max(gif_count - len(failed), (gif_count + 1) // 2))
+    chosen = sorted(solved[:take_solved] + failed[: gif_count - take_solved])
+    directory = out_dir / GIF_DIR
+    directory.mkdir(exist_ok=True)
+    paths = []
+    by_index = {row["index"]: row for row in rows}
+    for index in chosen:
+        row = by_index[index]
+        path = directory / f"maze{index:04d}-{'solved' if row['solved'] else 'failed'}.gif"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(gifs[index])
+        os.replace(tmp, path)
+        row["gif"] = path.relative_to(out_dir).as_posix()
+        paths.append(path)
+    return paths
+
+
+def _summary(
+    model_dir: Path,
+    adapter: Path | None,
+    mazes: EvalSet,
+    count: int,
+    job: EvalJob,
+    rows: list[dict[str, Any]],
+    gif_paths: list[Path],
+    out_dir: Path,
+    workers: int,
+) -> dict[str, Any]:
+    from mazerl.fingerprint import model_fingerprint
+
+    subset = EvalSet(
+        mazes.name, mazes.size, mazes.cell_px, mazes.max_moves, mazes.seeds, mazes.layouts[:count], mazes.digest, ""
+    )
+    return {
+        "eval_set": mazes.name,
+        "eval_set_digest": mazes.digest,
+        "model_dir": str(model_dir),
+        "model_digest": model_fingerprint(model_dir),
+        "adapter": str(adapter) if adapter is not None else None,
+        "adapter_digest": model_fingerprint(adapter) if adapter is not None else None,
+        **summarize(rows, subset.budget_ceiling()),
+        "max_moves": mazes.max_moves,
+        "settings": {
+            "engine": job.engine,
+            "decoding": "greedy",
+            "history_images": job.history_images,
+            "action_format": job.action_format,
+            "max_new_tokens": job.max_new_tokens,
+            "max_mazes": count,
+        },
+        "workers": workers,
+        "gifs": [path.relative_to(out_dir).as_posix() for path in gif_paths],
+    }

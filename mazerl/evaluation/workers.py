@@ -1,0 +1,106 @@
+"""The eval worker: loads the policy once, then plays chunks of eval mazes greedily.
+
+It runs as a Ray actor (one per worker), but is a plain class, so it can be tested and
+profiled in-process. A chunk is a fixed list of maze indices; chunks are the same whatever
+the number of workers, so every maze is played in exactly the same batch (same padding,
+same thread count) and greedy results do not depend on how many workers there are.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mazerl.evaluation.summary import result_row
+
+
+@dataclass(frozen=True)
+class EvalJob:
+    """Everything a worker needs, as plain values (it crosses process boundaries)."""
+
+    model_dir: str
+    adapter_dir: str | None
+    engine: str  # "hf" or "vllm"
+    eval_set: str
+    history_images: int | str
+    action_format: str
+    max_new_tokens: int
+    threads: int  # torch CPU threads per worker
+    device: str | None  # None: GPU if the worker has one, else CPU
+    gif_candidates: int  # per chunk, GIFs of up to this many solved and this many failed episodes are returned
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    rows: list[dict[str, Any]]
+    gifs: dict[int, bytes]  # maze index -> GIF bytes, for candidate episodes only
+
+
+def make_engine(job: EvalJob) -> tuple[Any, Any]:
+    """(engine, processor) for the job; vLLM is imported only when asked for."""
+    from mazerl.policy.loader import load_policy, load_processor
+
+    if job.engine == "hf":
+        from mazerl.policy.engines import HFEngine
+
+        policy = load_policy(job.model_dir, adapter_dir=job.adapter_dir, device=job.device)
+        return HFEngine.from_policy(policy), policy.processor
+    if job.engine == "vllm":
+        from mazerl.policy.vllm_engine import VLLMEngine
+
+        processor = load_processor(job.model_dir)
+        return VLLMEngine(job.model_dir, processor, adapter_dir=job.adapter_dir), processor
+    raise ValueError(f"engine={job.engine!r} must be 'hf' or 'vllm'")
+
+
+class EvalWorker:
+    """Holds one loaded policy and plays chunks of the eval set."""
+
+    def __init__(self, job: EvalJob) -> None:
+        import torch
+
+        from envs.evalset import load as load_eval_set
+
+        torch.set_num_threads(job.threads)
+        self.job = job
+        self.eval_set = load_eval_set(job.eval_set)
+        self.engine, self.processor = make_engine(job)
+
+    def ready(self) -> bool:
+        """Returns once the policy is loaded."""
+        return True
+
+    def run(self, indices: list[int]) -> ChunkResult:
+        from mazerl.policy.engines import GenerationSettings
+        from mazerl.policy.episodes import run_episodes
+
+        eval_set, job = self.eval_set, self.job
+        episodes = run_episodes(
+            self.engine,
+            self.processor,
+            [eval_set.layouts[i] for i in indices],
+            GenerationSettings(greedy=True, max_new_tokens=job.max_new_tokens),
+            maze_ids=[f"{eval_set.name}/{i}" for i in indices],
+            max_moves=eval_set.max_moves,
+            action_format=job.action_format,
+            cell_px=eval_set.cell_px,
+            history_images=job.history_images,
+            keep_frames=job.gif_candidates > 0,
+        )
+        rows = [result_row(i, eval_set.seeds[i], e) for i, e in zip(indices, episodes, strict=True)]
+        gifs: dict[int, bytes] = {}
+        for solved in (True, False):
+            chosen = [(i, e) for i, e in zip(indices, episodes, strict=True) if e.solved == solved]
+            for index, episode in chosen[: job.gif_candidates]:
+                gifs[index] = gif_bytes(episode.frames)
+        return ChunkResult(rows=rows, gifs=gifs)
+
+
+def gif_bytes(frames: list) -> bytes:
+    from envs.render import episode_gif
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = episode_gif(frames, Path(tmp) / "episode.gif")
+        return path.read_bytes()

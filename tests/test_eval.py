@@ -1,0 +1,111 @@
+"""The eval stage: Wilson intervals, summaries, files, and worker-count independence over real local Ray."""
+
+import json
+
+import pytest
+
+from mazerl.evaluation import EvalReport, evaluate
+from mazerl.evaluation.summary import summarize, wilson_interval
+
+
+@pytest.mark.parametrize(("successes", "n"), [(0, 10), (5, 10), (10, 10), (112, 256), (1, 1), (3, 64)])
+def test_wilson_interval_matches_scipy(successes, n):
+    from scipy.stats import binomtest
+
+    reference = binomtest(successes, n).proportion_ci(confidence_level=0.95, method="wilson")
+    got = wilson_interval(successes, n)
+    assert got == pytest.approx((reference.low, reference.high), abs=1e-9), f"Wilson({successes}/{n})"
+
+
+def test_wilson_interval_of_zero_of_ten_is_known_value():
+    # z^2 / (n + z^2) with z = 1.96: the textbook upper bound for no successes
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.27753), abs=1e-5)
+
+
+@pytest.mark.parametrize(("successes", "n"), [(-1, 5), (6, 5), (1, -1)])
+def test_wilson_interval_refuses_impossible_counts(successes, n):
+    with pytest.raises(ValueError, match="successes"):
+        wilson_interval(successes, n)
+
+
+def row(solved, moves, optimal, parse_failures=0, tokens=10):
+    return {
+        "solved": solved,
+        "moves": moves,
+        "optimal_moves": optimal,
+        "parse_failures": parse_failures,
+        "response_tokens": tokens,
+    }
+
+
+def test_summary_counts_success_moves_and_parse_failures():
+    # given two solved episodes (one optimal, one with a detour), a failure with bad replies
+    rows = [row(True, 9, 8), row(True, 13, 8), row(False, 15, 10, parse_failures=5)]
+    summary = summarize(rows, budget_ceiling=1.0)
+    assert summary["n"] == 3 and summary["solved"] == 2
+    assert summary["success_rate"] == pytest.approx(2 / 3)
+    assert summary["mean_moves_solved"] == pytest.approx(11.0)
+    assert summary["moves_over_optimal"] == pytest.approx((1.0 + 12 / 8) / 2), "the final stop is not a move"
+    assert summary["parse_failure_rate"] == pytest.approx(5 / 37)
+    assert summary["success_ci95"] == pytest.approx(list(wilson_interval(2, 3)))
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def test_two_workers_equal_one_worker_maze_by_maze(starter_model_dir, tmp_path, local_ray):
+    # given the starter on the first 12 mazes of the embedded set, in chunks of 4
+    common = {"eval_set": "maze256-small-v1", "max_mazes": 12, "chunk_size": 4, "gif_count": 2}
+    # when evaluated with one worker and with two
+    one = evaluate(starter_model_dir, workers=1, out_dir=tmp_path / "one", **common)
+    two = evaluate(starter_model_dir, workers=2, out_dir=tmp_path / "two", **common)
+
+    # then every maze got the same replies, and the headline numbers agree
+    def lines(report):
+        return [json.loads(line) for line in report.results_path.read_text().splitlines()]
+
+    for a, b in zip(lines(one), lines(two), strict=True):
+        assert (a["index"], a["actions"], a["solved"]) == (b["index"], b["actions"], b["solved"])
+    assert [a["index"] for a in lines(one)] == list(range(12)), "results are written in set order"
+    assert (one.solved, one.parse_failure_rate) == (two.solved, two.parse_failure_rate)
+    # and the files say what the report says
+    summary = json.loads(one.summary_path.read_text())
+    for key in ("success_rate", "success_ci95", "budget_ceiling", "parse_failure_rate", "episodes_per_second"):
+        assert key in summary
+    assert summary["n"] == 12 and summary["settings"]["history_images"] == 1, "the starter's recorded setting"
+    assert summary["eval_set_digest"] == one.eval_set_digest and len(one.model_digest) == 64
+    assert len(one.gif_paths) == 2 and all(p.stat().st_size > 0 for p in one.gif_paths)
+    assert EvalReport.from_summary(one.summary_path) == one
+    assert set(one.metrics()) >= {"eval/success_rate", "eval/avg_moves", "eval/parse_failure_rate"}
+    assert not list(tmp_path.rglob("*.tmp")), "no temporary files left behind"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "message"),
+    [
+        ({"engine": "tensorrt"}, ValueError, "engine"),
+        ({"workers": 0}, ValueError, "workers"),
+        ({"gif_count": -1}, ValueError, "gif_count"),
+        ({"max_mazes": 0}, ValueError, "max_mazes"),
+        ({"eval_set": "maze9-nope"}, ValueError, "unknown eval set"),
+        ({"history_images": 0}, ValueError, "history_images"),
+    ],
+)
+def test_bad_eval_arguments_are_refused_before_any_work(starter_model_dir, tmp_path, overrides, error, message):
+    arguments = {"eval_set": "maze256-small-v1", "out_dir": tmp_path / "out"} | overrides
+    with pytest.raises(error, match=message):
+        evaluate(starter_model_dir, **arguments)
+    assert not (tmp_path / "out").exists(), "nothing is written for a call that was refused"
+
+
+def test_a_missing_model_is_refused(tmp_path):
+    from mazerl.policy.loader import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="not a directory"):
+        evaluate(tmp_path / "missing", eval_set="maze256-small-v1", out_dir=tmp_path / "out")
