@@ -10,6 +10,24 @@ from mazerl.params import PipelineParams
 from mazerl.tracking.lineage import client_for, stage_run
 from tasks.context import RunContext, ray_headers
 
+# What a user changes when a check fails: the pipeline parameter behind each requirement.
+CLUSTER_FIXES = {
+    "ray.address": "set ray_address to the head's dashboard (http://<head>:8265), or leave it empty to start a "
+    "local head, and check that the head is running",
+    "ray.probe_job": "make mazerl importable on the cluster (the image, or PYTHONPATH) and check the job's log",
+    "ray.version": "use the same Ray major version (>= 2.52) on the cluster as here",
+    "ray.nodes": "start the missing nodes, or lower training.skyrl.num_nodes",
+    "ray.dead_nodes": "replace the DEAD nodes, or lower training.skyrl.num_nodes",
+    "ray.gpus": "add GPU nodes, or lower training.skyrl.num_gpus / num_nodes (the training placement)",
+    "ray.gpu_placement": "add nodes with enough GPUs, or lower training.skyrl.num_gpus (GPUs per node)",
+    "storage.shared": "set data_root to a mount every node shares (/shared on HyperPod)",
+    "storage.free_space": "free space under data_root, or choose another data_root",
+    "inputs.base_model": "set base_model to a complete model directory as the cluster's nodes see it",
+    "inputs.eval_set": "restore the eval set file (git checkout envs/data) or choose another eval_set",
+    "hyperpod.cluster": "set hyperpod_cluster to an existing cluster of this account and AWS_REGION",
+    "hyperpod.nodes": "wait for HyperPod to replace the failed nodes, or retry later",
+}
+
 
 @task(name="verify_cluster", retries=1, retry_delay_seconds=10)
 def check_cluster(context: RunContext, params: PipelineParams) -> dict:
@@ -35,5 +53,5 @@ def check_cluster(context: RunContext, params: PipelineParams) -> dict:
         )
         for row in report.failures:
             logger.error(f"check failed: {row.name}: expected {row.expected}, found {row.found}")
-        report.raise_for_failures()
+        report.raise_for_failures(CLUSTER_FIXES)
     return {"address": report.address, "checks": len(records), "seconds": report.seconds}

@@ -6,6 +6,7 @@ strings and a bool; :meth:`ClusterReport.records` gives the list of dicts both a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 
@@ -45,16 +46,24 @@ class ClusterReport:
         verdict = "ready" if self.ok else f"NOT ready ({len(self.failures)} failed)"
         return "\n".join([*lines, "", f"Cluster {self.address}: {verdict} in {self.seconds:.1f} s."])
 
-    def raise_for_failures(self) -> None:
-        """Raise :class:`ClusterNotReadyError` listing every failed row."""
+    def raise_for_failures(self, fixes: Mapping[str, str] | None = None) -> None:
+        """Raise :class:`ClusterNotReadyError` listing every failed row (and, from ``fixes``, what to change)."""
         if not self.ok:
-            raise ClusterNotReadyError(self)
+            raise ClusterNotReadyError(self, fixes)
 
 
 class ClusterNotReadyError(RuntimeError):
-    """The cluster cannot run the training config; the message lists what is missing."""
+    """The cluster cannot run the training config; the message lists what is missing.
 
-    def __init__(self, report: ClusterReport):
+    ``fixes`` maps check names to what the caller's user can change (the orchestrator knows
+    which of its parameters decides a requirement; this module does not).
+    """
+
+    def __init__(self, report: ClusterReport, fixes: Mapping[str, str] | None = None):
         failed = "; ".join(f"{r.name}: expected {r.expected}, found {r.found}" for r in report.failures)
-        super().__init__(f"cluster {report.address} is not ready: {failed or 'no checks ran'}")
+        todo = [f"{r.name}: {fixes[r.name]}" for r in report.failures if fixes and r.name in fixes]
+        super().__init__(
+            f"cluster {report.address} is not ready: {failed or 'no checks ran'}"
+            + (f". To fix: {'; '.join(todo)}" if todo else "")
+        )
         self.report = report

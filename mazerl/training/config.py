@@ -25,9 +25,7 @@ class StrictModel(BaseModel):
 
 
 class LoraConfig(StrictModel):
-    rank: int = Field(
-        32, ge=1, description="LoRA rank r; the reference run used 32. Higher: more capacity, more memory."
-    )
+    rank: int = Field(32, description="LoRA rank r; the reference run used 32. Higher: more capacity, more memory.")
     alpha: float = Field(64.0, gt=0, description="LoRA scaling numerator (scale = alpha / rank).")
     dropout: float = Field(
         0.0, ge=0, lt=1, description="Dropout on the LoRA input; 0 keeps rollouts and updates identical."
@@ -36,6 +34,16 @@ class LoraConfig(StrictModel):
         ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
         description="Linear layer names of the language model that get adapters (the vision tower stays frozen).",
     )
+
+    @field_validator("rank")
+    @classmethod
+    def _positive_rank(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(
+                f"lora.rank ({value}) must be >= 1: a rank-{value} adapter has no weights to train or to merge "
+                "into the base model; the reference uses 32"
+            )
+        return value
 
 
 class GrpoConfig(StrictModel):
@@ -114,7 +122,7 @@ class TrainConfig(StrictModel):
     action_format: Literal["tuple", "keyword"] = Field(
         "tuple", description="Action syntax the policy is asked for: VisGym tuples (SFT) or <action> keywords."
     )
-    max_turns: int = Field(15, ge=1, description="Move budget per episode, the stop included (reference: 15).")
+    max_turns: int = Field(15, description="Move budget per episode, the stop included (reference: 15).")
     history_images: int | Literal["all"] = Field(
         "all",
         description="Frames kept in the conversation: all (reference) or the last K, earlier turns kept as text.",
@@ -138,13 +146,24 @@ class TrainConfig(StrictModel):
     eval_interval: int = Field(0, ge=0, description="Greedy eval on the eval set every N steps; 0 disables.")
     eval_mazes: int | None = Field(None, ge=1, description="Evaluate on the first N mazes of the set during training.")
     seed: int = Field(0, description="Seeds data order, sampling and initialisation; same seed, same run on CPU.")
-    resume: Literal["latest", "none"] = Field(
+    resume: Literal["latest", "none", "required"] = Field(
         "latest",
-        description="latest: continue from the checkpoint marker if there is one; none: refuse to reuse a dir.",
+        description="latest: continue from the checkpoint marker if there is one; none: refuse to reuse a dir; "
+        "required: continue from the marker and refuse to start without one.",
     )
     torch_threads: int | None = Field(None, ge=1, description="torch CPU threads (local backend); None: torch default.")
     mlflow: MlflowSettings = Field(default_factory=MlflowSettings, description="Where metrics go.")
     skyrl: SkyrlSettings = Field(default_factory=SkyrlSettings, description="GPU cluster settings (skyrl backend).")
+
+    @field_validator("max_turns")
+    @classmethod
+    def _positive_budget(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(
+                f"max_turns ({value}) must be >= 1: it is the move budget per episode, the final stop included; "
+                "the eval sets use 15"
+            )
+        return value
 
     @field_validator("learning_rate")
     @classmethod

@@ -8,7 +8,8 @@ One step, in the order the loop runs:
   1. rollout   ``mazes_per_step`` training mazes x ``samples_per_maze`` sampled episodes,
                batched per turn through the shared episode runner (the same code as eval);
   2. advantage each episode's reward relative to its group (same maze), SkyRL's GRPO;
-  3. old logp  log-probs of every reply under the rollout policy, computed once per batch;
+  3. old logp  log-probs of every reply under the rollout policy (from the first update
+               epoch's forward pass, before any optimizer step);
   4. update    ``update_epochs`` passes of the clipped surrogate over every turn of every
                episode (loss only on reply tokens; each turn scored in exactly the context,
                images included, that the rollout showed the policy); grad clip; AdamW step;
@@ -176,9 +177,14 @@ def reply_log_probs(
     logits = model(**inputs, logits_to_keep=longest + 1).logits[:, :-1].float()  # (B, R, V)
     targets = inputs["input_ids"][:, -longest:]  # (B, R)
     log_probs = torch.log_softmax(logits / temperature, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return log_probs, reply_mask(samples, device)
+
+
+def reply_mask(samples: list[TurnSample], device: torch.device) -> torch.Tensor:
+    """(B, R) 1.0 on reply tokens: each reply is right-aligned (left padding), R = longest reply."""
     lengths = torch.tensor([len(s.response_ids) for s in samples], device=device)
-    mask = (torch.arange(longest, device=device).unsqueeze(0) >= (longest - lengths).unsqueeze(1)).float()
-    return log_probs, mask
+    longest = int(lengths.max())
+    return (torch.arange(longest, device=device).unsqueeze(0) >= (longest - lengths).unsqueeze(1)).float()
 
 
 # --------------------------------------------------------------------------------------
@@ -206,6 +212,11 @@ class LocalGRPOTrainer:
     def _resume_point(self) -> checkpoints.Checkpoint | None:
         latest = checkpoints.latest(self.config.checkpoint_dir)
         if latest is None:
+            if self.config.resume == "required":
+                raise TrainingConfigError(
+                    f"resume='required' but {self.config.checkpoint_dir} holds no checkpoint (no {checkpoints.MARKER}); "
+                    "set resume='latest' to start from scratch, or point data_root/run_id at the run to continue"
+                )
             return None
         if self.config.resume == "none":
             raise TrainingConfigError(
@@ -218,6 +229,15 @@ class LocalGRPOTrainer:
                 f"checkpoint step {latest.step} in {self.config.checkpoint_dir} was trained from another base model "
                 f"({state.get('base_model')}); use the same base_model or a new run_id"
             )
+        from mazerl.tracking.merge import MergeError, read_adapter_config
+
+        try:  # before the model is loaded: PEFT's own error would come after it, and be obscure
+            read_adapter_config(latest.adapter_dir)
+        except MergeError as exc:
+            raise TrainingConfigError(
+                f"the adapter of checkpoint step {latest.step} cannot be resumed: {exc}; restore that checkpoint, "
+                f"or delete {self.config.checkpoint_dir} to train from scratch"
+            ) from exc
         return latest
 
     def _build(self, resume_from: checkpoints.Checkpoint | None) -> None:
@@ -324,27 +344,29 @@ class LocalGRPOTrainer:
         grpo = self.config.grpo
         batches = micro_batches(samples)
         reduce, normaliser = LOSS_REDUCTIONS[grpo.loss_reduction]
-        # 3. old log-probs (and reference log-probs for KL), once per rollout batch
-        old, ref, masks = [], [], []
-        with torch.no_grad():
-            for batch in batches:
-                chunk = [samples[i] for i in batch]
-                log_probs, mask = reply_log_probs(self.model, self.processor, chunk, self.device, grpo.temperature)
-                old.append(log_probs)
-                masks.append(mask)
-                if grpo.kl_coef > 0:
-                    with self.model.disable_adapter():
-                        ref.append(reply_log_probs(self.model, self.processor, chunk, self.device, grpo.temperature)[0])
+        chunks = [[samples[i] for i in batch] for batch in batches]
+        masks = [reply_mask(chunk, self.device) for chunk in chunks]
         total = normaliser(masks)
+        # 3. old log-probs: the first update epoch runs before any optimizer step, so its own
+        # forward pass gives them (detached); no separate scoring pass over the batch is needed.
+        old: list[torch.Tensor] = []
+        ref: list[torch.Tensor] = []
+        with torch.no_grad():
+            if grpo.kl_coef > 0:
+                with self.model.disable_adapter():
+                    ref = [
+                        reply_log_probs(self.model, self.processor, c, self.device, grpo.temperature)[0] for c in chunks
+                    ]
         # 4. update epochs over the same batch
         losses, clip_fracs, grad_norms, kls = [], [], [], []
         for _ in range(grpo.update_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             epoch_loss, clipped_tokens, kl_sum = 0.0, 0.0, 0.0
-            for index, batch in enumerate(batches):
-                chunk = [samples[i] for i in batch]
+            for index, chunk in enumerate(chunks):
                 log_probs, mask = reply_log_probs(self.model, self.processor, chunk, self.device, grpo.temperature)
                 advantages = torch.tensor([s.advantage for s in chunk], device=self.device).unsqueeze(1)  # (B, 1)
+                if len(old) <= index:
+                    old.append(log_probs.detach())
                 per_token, was_clipped = clipped_surrogate(
                     log_probs, old[index], advantages, grpo.clip_low, grpo.clip_high
                 )

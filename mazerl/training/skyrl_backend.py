@@ -238,7 +238,7 @@ def build_overrides(config: TrainConfig) -> dict[str, Any]:
         "trainer.ckpt_path": str(config.checkpoint_dir),
         "trainer.ckpt_interval": config.checkpoint_interval,
         "trainer.max_ckpts_to_keep": config.checkpoints_kept,
-        "trainer.resume_mode": "latest" if config.resume == "latest" else "none",
+        "trainer.resume_mode": "none" if config.resume == "none" else "latest",
         "trainer.export_path": str(files.export_dir),
         # merge_lora builds the merged model from the adapter; a full HF export per step is waste
         "trainer.hf_save_interval": -1,

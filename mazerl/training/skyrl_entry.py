@@ -193,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     if step is not None and step >= config.steps:
         log(f"already complete at step {step} (requested steps: {config.steps}); nothing to train")
         return EXIT_OK
+    if step is None and config.resume == "required":
+        log(
+            f"configuration error: resume is 'required' but {config.checkpoint_dir} holds no checkpoint; "
+            "use resume: latest to start from scratch, or the data_root/run_id of the run to continue"
+        )
+        return EXIT_CONFIG
     if step is not None and config.resume == "none":
         log(
             f"configuration error: resume is 'none' but {config.checkpoint_dir} holds a checkpoint at step {step}; "
