@@ -42,6 +42,14 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is missing, incomplete, or belongs to another run or model."""
 
 
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (disk full, read-only file system, I/O error).
+
+    Not a :class:`CheckpointError`: the configuration is fine, and a retry once the file
+    system has room again resumes from the marker, which still names the previous checkpoint.
+    """
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     step: int
@@ -100,24 +108,53 @@ def save(root: Path, step: int, write: Callable[[Path], None], keep: int) -> Che
     temporary directory is ignored (and cleared on the next save of that step).
     """
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     final = step_dir(root, step)
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
-    for stale in root.glob(f".{final.name}.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp.mkdir()
     try:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(f".{final.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir()
         write(tmp)
         verify(tmp)
         if final.exists():  # left by a crash between rename and marker: never trusted, replace it
             shutil.rmtree(final)
         os.replace(tmp, final)
+        _write_text_atomic(root / MARKER, str(step))
+    except CheckpointError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    except Exception as exc:  # OSError, and torch's RuntimeError for a full disk ("unexpected pos ...")
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointWriteError(_write_failure(root, step, exc)) from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _write_text_atomic(root / MARKER, str(step))
     prune(root, keep)
     return Checkpoint(step, final)
+
+
+def _write_failure(root: Path, step: int, exc: Exception) -> str:
+    """What went wrong, how much room there is, and that the previous checkpoint is still the one to use."""
+    try:
+        free = f"{shutil.disk_usage(root).free / 2**20:.0f} MiB free there"
+    except OSError:
+        free = "its free space cannot be read"
+    writable = os.access(root, os.W_OK) if root.exists() else os.access(root.parent, os.W_OK)
+    try:
+        previous = read_marker(root)
+    except (OSError, CheckpointError):
+        previous = None
+    kept = (
+        f"the marker still names step {previous}, which is intact, and a retry resumes after it"
+        if previous is not None
+        else "no earlier checkpoint exists, so a retry starts from step 0"
+    )
+    return (
+        f"could not write checkpoint step {step} under {root} ({type(exc).__name__}: {exc}); {free}"
+        + ("" if writable else ", and it is read-only or not writable by this user")
+        + f". Free space or make {root} writable, then run again: {kept}"
+    )
 
 
 def prune(root: Path, keep: int) -> list[Path]:

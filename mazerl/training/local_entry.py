@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from mazerl.policy.loader import ModelLoadError
-    from mazerl.training.checkpoints import CheckpointError
+    from mazerl.training.checkpoints import CheckpointError, CheckpointWriteError
     from mazerl.training.config import load_config
     from mazerl.training.local_trainer import LocalGRPOTrainer, TrainingConfigError
 
@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     except (TrainingConfigError, CheckpointError, ModelLoadError) as exc:
         log(f"configuration error: {exc}")
         return EXIT_CONFIG_ERROR
+    except CheckpointWriteError as exc:  # disk full, read-only: retryable once the file system has room
+        log(f"training failed: {exc}")
+        return EXIT_FAILURE
     except Exception:
         log("training failed:\n" + traceback.format_exc())
         return EXIT_FAILURE
