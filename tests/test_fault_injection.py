@@ -13,6 +13,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -264,3 +265,241 @@ def test_checkpoint_write_failing_with_simulated_os_error_is_clear_keeps_the_pre
     )
     assert all(torch.equal(before[k], step1[k]) for k in before), "step 1's checkpoint was not touched"
     assert jsonl_steps(config) == [1, 2], "step 2 is logged once, by the run that completed it"
+
+
+# --------------------------------------------------------------------------------------
+# (c) The Prefect process killed while training runs; the flow run re-run re-attaches
+# (d) The Ray head gone when a stage starts
+# --------------------------------------------------------------------------------------
+
+MINI_TRAINING = {
+    "history_images": 1,
+    "max_turns": 3,
+    "steps": 4,
+    "mazes_per_step": 1,
+    "train_pool_size": 8,
+    "checkpoint_interval": 1,
+    "torch_threads": 1,
+    "lora": {"rank": 4, "alpha": 8},
+    "grpo": {"samples_per_maze": 2, "max_new_tokens": 8, "temperature": 0.7, "format_bonus": 1.0},
+}
+FLOW_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from flows.pipeline import pipeline
+    from mazerl.params import PipelineParams
+    pipeline(PipelineParams.model_validate(json.loads(sys.argv[1])))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory):
+    """Prefect's test harness: a temporary API server on 127.0.0.1 (and database) that subprocesses can share."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    storage = tmp_path_factory.mktemp("prefect-storage")
+    saved = {key: os.environ.get(key) for key in ("PREFECT_LOCAL_STORAGE_PATH", "PREFECT_RESULTS_PERSIST_BY_DEFAULT")}
+    os.environ["PREFECT_LOCAL_STORAGE_PATH"] = str(storage)
+    os.environ["PREFECT_RESULTS_PERSIST_BY_DEFAULT"] = "true"
+    with prefect_test_harness(server_startup_timeout=120):
+        yield {"url": PREFECT_API_URL.value(), "storage": str(storage)}
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.5):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def ray_jobs(head, pipeline_run: str | None = None, stage: str | None = None) -> list:
+    from ray.job_submission import JobSubmissionClient
+
+    jobs = JobSubmissionClient(head.address, headers=head.auth_headers()).list_jobs()
+    return [
+        job
+        for job in jobs
+        if (pipeline_run is None or (job.metadata or {}).get("mazerl_pipeline_run") == pipeline_run)
+        and (stage is None or (job.metadata or {}).get("mazerl_stage") == stage)
+    ]
+
+
+def training_processes(run_root: Path) -> list:
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if "mazerl.training.local_entry" in cmdline and str(run_root) in cmdline:
+            found.append(process)
+    return found
+
+
+def test_prefect_process_killed_while_training_then_the_flow_run_rerun_reattaches_to_the_same_job(
+    prefect_api, local_ray_head, mlflow_root, starter_model_dir, tmp_path
+):
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    params = {
+        "base_model": str(starter_model_dir),
+        "eval_set": "maze256-small-v1",
+        "data_root": str(mlflow_root),
+        "ray_address": local_ray_head.address,
+        "max_eval_mazes": 2,
+        "eval_workers": 1,
+        "gif_count": 0,
+        "training": MINI_TRAINING,
+    }
+    env = os.environ | {
+        "PREFECT_API_URL": prefect_api["url"],
+        "PREFECT_LOCAL_STORAGE_PATH": prefect_api["storage"],
+        "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "true",
+        "PREFECT_LOGGING_LEVEL": "INFO",
+        "RAY_AUTH_TOKEN_PATH": str(local_ray_head.token_path),
+    }
+    script = tmp_path / "flow.py"
+    script.write_text(FLOW_SCRIPT)
+    first_log, retry_log = tmp_path / "first.log", tmp_path / "retry.log"
+    stopped: list = []
+    processes: list[subprocess.Popen] = []
+    try:
+        # Given a pipeline flow run in its own process, with its training job running on the local head,
+        with open(first_log, "w") as out:
+            first = subprocess.Popen(
+                [sys.executable, str(script), json.dumps(params)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=PROJECT,
+                start_new_session=True,
+            )
+        processes.append(first)
+        markers = lambda: list(mlflow_root.glob(f"runs/*/checkpoints/{checkpoints.MARKER}"))  # noqa: E731
+        wait_for(lambda: markers() or first.poll() is not None, 600, "the first training checkpoint")
+        assert first.poll() is None, f"the flow process ended early:\n{first_log.read_text()[-3000:]}"
+        running = ray_jobs(local_ray_head, stage="train")
+        assert len(running) == 1 and running[0].status == "RUNNING", [(j.submission_id, j.status) for j in running]
+        flow_run_id = running[0].metadata["mazerl_pipeline_run"]
+        # (the job is paused while the orchestrator is away, so it is certainly still running on re-attach)
+        stopped = training_processes(mlflow_root)
+        assert stopped, "the training job's process runs on this machine"
+        for process in stopped:
+            process.suspend()
+        # when the Prefect process is killed outright, the server marks the run crashed (as its
+        # heartbeat check would), and the same flow run is re-run with `prefect flow-run retry`,
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(flow_run_id, Crashed(message="flow process killed (test)"), force=True)
+        with open(retry_log, "w") as out:
+            retry = subprocess.Popen(
+                [
+                    str(Path(sys.executable).parent / "prefect"),
+                    "flow-run",
+                    "retry",
+                    flow_run_id,
+                    "--entrypoint",
+                    "flows/pipeline.py:pipeline",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=PROJECT,
+                start_new_session=True,
+            )
+        processes.append(retry)
+        wait_for(
+            lambda: "re-attached to RUNNING Ray job" in retry_log.read_text() or retry.poll() is not None,
+            300,
+            "the re-run to reach the train stage",
+        )
+        for process in stopped:
+            process.resume()
+        stopped = []
+        retry.wait(timeout=900)
+        output = retry_log.read_text()
+        assert retry.returncode == 0, output[-4000:]
+    finally:
+        for process in stopped:
+            process.resume()
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+
+    # then it re-attached to the still-running job instead of submitting a second one,
+    assert f"re-attached to RUNNING Ray job mazerl-{flow_run_id}-train-a1" in output, output[-4000:]
+    trains = ray_jobs(local_ray_head, pipeline_run=flow_run_id, stage="train")
+    assert [(j.submission_id, j.status) for j in trains] == [(f"mazerl-{flow_run_id}-train-a1", "SUCCEEDED")]
+    baselines = ray_jobs(local_ray_head, pipeline_run=flow_run_id, stage="baseline")
+    assert len(baselines) == 1, "the finished baseline eval was not run again"
+    # and the flow run continued to the end, every step trained exactly once.
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(flow_run_id).state.is_completed()
+    metrics = next(mlflow_root.glob("runs/*/metrics.jsonl"))
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2, 3, 4]
+
+
+def test_ray_head_gone_when_the_train_stage_starts_is_a_retryable_error_naming_the_address(
+    prefect_api, mlflow_root, starter_model_dir
+):
+    from prefect import flow
+
+    from mazerl.cluster.errors import RetryableJobError
+    from mazerl.params import PipelineParams
+    from mazerl.tracking.lineage import default_tracking_uri, start_pipeline_run
+    from tasks.context import RunContext
+    from tasks.jobs import retry_on_infrastructure
+    from tasks.training import train
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        address = f"http://127.0.0.1:{probe.getsockname()[1]}"  # closed again: the head is gone
+    uri = default_tracking_uri(mlflow_root)
+    runs = start_pipeline_run(uri, flow_run_id="gone-head")
+    params = PipelineParams.model_validate(
+        {"base_model": str(starter_model_dir), "data_root": str(mlflow_root), "ray_address": address}
+        | {"eval_set": "maze256-small-v1", "training": MINI_TRAINING}
+    )
+    context = RunContext(
+        run_id="gone-head",
+        flow_run_id="gone-head",
+        root=mlflow_root,
+        tracking_uri=uri,
+        ray_address=address,
+        base_model=Path(starter_model_dir),
+        eval_set="maze256-small-v1",
+        stage_run_ids=runs.stage_run_ids,
+        pipeline_run_id=runs.parent_run_id,
+    )
+
+    @flow
+    def stage_alone() -> dict:
+        state = train.with_options(retries=0)(context, params, return_state=True)
+        error = state.result(raise_on_failure=False)
+        return {
+            "failed": state.is_failed(),
+            "error": f"{type(error).__name__}: {error}",
+            "address": getattr(error, "address", None),
+            "retried": retry_on_infrastructure(None, None, state),
+        }
+
+    # Given the Ray head gone, when the train stage starts,
+    outcome = stage_alone()
+    # then it fails with a retryable error naming the address, and the stage's retry rule retries it.
+    assert outcome["failed"] and outcome["error"].startswith(RetryableJobError.__name__), outcome
+    assert outcome["address"] == address and address in outcome["error"], outcome
+    assert outcome["retried"] is True, "train's retry condition retries infrastructure failures"
+    from mlflow.tracking import MlflowClient
+
+    assert MlflowClient(uri).get_run(runs.stage_run_ids["train"]).info.status == "FAILED"
