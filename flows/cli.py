@@ -76,7 +76,14 @@ def run_command(args: argparse.Namespace) -> int:
     except (ValidationError, ValueError, OSError) as exc:
         print(f"error: invalid pipeline parameters:\n{exc}", file=sys.stderr)
         return 2
+    from mazerl.preflight import InputError, check_data_root
+
     root = params.root()
+    try:
+        check_data_root(root)  # Prefect's own database goes under it next
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     root.mkdir(parents=True, exist_ok=True)
     configure_prefect(root)
 
