@@ -27,13 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--size", type=int, default=9)
     demo.set_defaults(func=_demo)
-    run = sub.add_parser("run", help="run the pipeline on the embedded default")
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--size", type=int, default=9)
-    run.set_defaults(func=_demo)  # until the pipeline lands
+    from flows.cli import add_run_command  # the orchestration layer (Prefect) is imported only when run
     from mazerl.evaluation.cli import add_eval_command
     from mazerl.policy.starter_cli import add_build_starter_command
 
+    add_run_command(sub)
     add_build_starter_command(sub)
     add_eval_command(sub)
     args = parser.parse_args(argv)

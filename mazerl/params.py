@@ -9,16 +9,61 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from envs.evalset import EMBEDDED_EVAL_SET, SPECS
 from mazerl import paths
 from mazerl.training.config import TrainConfig
 
 REGISTERED_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\- ]{0,254}$")
+
+
+def _check_eval_set(value: str | None) -> str | None:
+    if value is not None and value not in SPECS:
+        raise ValueError(f"unknown eval set {value!r}; choose one of {sorted(SPECS)}")
+    return value
+
+
+def _check_registered_model(value: str | None) -> str | None:
+    if value is not None and not REGISTERED_MODEL_NAME.match(value):
+        raise ValueError(
+            f"registered model name {value!r} may use only letters, digits, '_', '-', '.' and spaces, "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def _check_tracking_uri(value: str | None) -> str | None:
+    if value is None:
+        return value
+    parsed = urlparse(value)
+    if parsed.scheme in ("http", "https") and parsed.netloc:
+        return value
+    if parsed.scheme in ("sqlite", "postgresql", "mysql", "databricks", "file") or value.startswith("/"):
+        return value
+    raise ValueError(
+        f"tracking_uri {value!r} is not a tracking URI; use http(s)://host:port, sqlite:///path/mlflow.db "
+        "or leave it empty for the embedded store"
+    )
+
+
+def _check_ray_address(value: str | None) -> str | None:
+    if value is not None and not re.match(r"^(https?|sagemaker_ray)://[^\s/]+", value):
+        raise ValueError(
+            f"ray_address {value!r} must look like http://host:8265 (the dashboard's job server) or "
+            "sagemaker_ray://<cluster>/<namespace>; leave it empty to start a local Ray instance"
+        )
+    return value
+
+
+EvalSetName = Annotated[str | None, AfterValidator(_check_eval_set)]
+RegisteredModelName = Annotated[str | None, AfterValidator(_check_registered_model)]
+TrackingUri = Annotated[str | None, AfterValidator(_check_tracking_uri)]
+RayAddress = Annotated[str | None, AfterValidator(_check_ray_address)]
+
 
 # The embedded learning recipe (docs/performance.md has its measured curve).
 EMBEDDED_TRAINING: dict[str, Any] = {
@@ -44,7 +89,7 @@ class PipelineParams(BaseModel):
     base_model: str | None = Field(
         None, description="HF model directory of the starting policy; None: the embedded starter (built if missing)."
     )
-    eval_set: str | None = Field(
+    eval_set: EvalSetName = Field(
         None, description=f"Eval set name; None: {EMBEDDED_EVAL_SET} for the starter, maze64-easy-v1 otherwise."
     )
     backend: Literal["local", "skyrl"] = Field("local", description="Training backend (both run as Ray jobs).")
@@ -52,13 +97,15 @@ class PipelineParams(BaseModel):
         default_factory=dict,
         description="Overrides of the training config (mazerl/training/config.py), e.g. {'steps': 50}.",
     )
-    ray_address: str | None = Field(
+    ray_address: RayAddress = Field(
         None, description="Ray dashboard address (http://host:8265, sagemaker_ray://...); None: start local Ray."
     )
     data_root: str | None = Field(None, description="Root of models, runs and the embedded MLflow store.")
-    tracking_uri: str | None = Field(None, description="MLflow tracking URI; None: sqlite:///<data_root>/mlflow.db.")
+    tracking_uri: TrackingUri = Field(None, description="MLflow tracking URI; None: sqlite:///<data_root>/mlflow.db.")
     experiment: str = Field("vlm-maze-grpo", description="MLflow experiment.")
-    registered_model: str = Field("maze-vlm", description="MLflow registered model for the merged adapters.")
+    registered_model: Annotated[str, AfterValidator(_check_registered_model)] = Field(
+        "maze-vlm", description="MLflow registered model for the merged adapters."
+    )
     promotion_threshold: float = Field(
         0.0, ge=0, le=1, description="Minimum final success rate before the champion alias may move."
     )
@@ -73,50 +120,6 @@ class PipelineParams(BaseModel):
     max_artifact_mb: float = Field(
         512.0, ge=0, description="Merged models above this size are logged as a pointer, not copied into MLflow."
     )
-
-    @field_validator("eval_set")
-    @classmethod
-    def _known_eval_set(cls, value: str | None) -> str | None:
-        if value is not None and value not in SPECS:
-            raise ValueError(f"unknown eval set {value!r}; choose one of {sorted(SPECS)}")
-        return value
-
-    @field_validator("registered_model")
-    @classmethod
-    def _registry_name(cls, value: str) -> str:
-        if not REGISTERED_MODEL_NAME.match(value):
-            raise ValueError(
-                f"registered_model {value!r} may use only letters, digits, '_', '-', '.' and spaces, "
-                "starting with a letter or digit"
-            )
-        return value
-
-    @field_validator("tracking_uri")
-    @classmethod
-    def _tracking_uri(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        parsed = urlparse(value)
-        if parsed.scheme in ("http", "https") and parsed.netloc:
-            return value
-        if parsed.scheme in ("sqlite", "postgresql", "mysql", "databricks", "file") or value.startswith("/"):
-            return value
-        raise ValueError(
-            f"tracking_uri {value!r} is not a tracking URI; use http(s)://host:port, sqlite:///path/mlflow.db "
-            "or leave it empty for the embedded store"
-        )
-
-    @field_validator("ray_address")
-    @classmethod
-    def _ray_address(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        if not re.match(r"^(https?|ray|sagemaker_ray)://[^\s/]+", value):
-            raise ValueError(
-                f"ray_address {value!r} must look like http://host:8265 (the dashboard), ray://host:10001 or "
-                "sagemaker_ray://<cluster>/<namespace>; leave it empty to start a local Ray instance"
-            )
-        return value
 
     @model_validator(mode="after")
     def _training_overrides_are_valid(self) -> PipelineParams:
@@ -171,3 +174,33 @@ def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
             _deep_merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
         )
     return merged
+
+
+class EvalParams(BaseModel):
+    """Parameters of the eval-only flow: a model directory or a registered model version."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_dir: str | None = Field(None, description="HF model directory to evaluate.")
+    registered_model: RegisteredModelName = Field(None, description="Registered model name (instead of model_dir).")
+    version: str = Field("champion", description="Version number or alias of the registered model.")
+    eval_set: EvalSetName = Field(EMBEDDED_EVAL_SET, description="Eval set name.")
+    ray_address: RayAddress = Field(None, description="Ray dashboard address; None: start a local head.")
+    data_root: str | None = Field(None, description="Root for eval outputs and the embedded MLflow store.")
+    tracking_uri: TrackingUri = Field(None, description="MLflow tracking URI; None: the embedded store.")
+    experiment: str = Field("vlm-maze-eval", description="MLflow experiment of eval-only runs.")
+    eval_workers: int = Field(2, ge=1, description="Parallel eval workers.")
+    max_eval_mazes: int | None = Field(None, ge=1, description="Evaluate only the first N mazes.")
+    gif_count: int = Field(4, ge=0, description="Episode GIFs kept.")
+
+    @model_validator(mode="after")
+    def _one_model(self) -> EvalParams:
+        if (self.model_dir is None) == (self.registered_model is None):
+            raise ValueError("give exactly one of model_dir or registered_model (with version, default 'champion')")
+        return self
+
+    def root(self) -> Path:
+        return paths.data_root(self.data_root)
+
+    def resolved_tracking_uri(self) -> str:
+        return self.tracking_uri or paths.mlflow_db_uri(self.root())

@@ -6,6 +6,7 @@ looked up where it is needed (:func:`ray_headers`), never carried around.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,8 +33,16 @@ class RunContext:
 
 
 def ray_headers(address: str) -> dict[str, str] | None:
-    """Bearer header for the embedded local head; None elsewhere (Ray reads its token from the environment)."""
+    """The bearer header for a token-protected cluster, read fresh where the token lives.
+
+    The embedded head keeps its token in a 0600 file of its own; a cluster's token comes from
+    Ray's standard variables (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``, e.g. a mounted
+    Kubernetes Secret). None: no token known, Ray's client decides.
+    """
     head = find_local_head()
     if head is not None and head.address.rstrip("/") == address.rstrip("/"):
         return head.auth_headers()
-    return None
+    token = os.environ.get("RAY_AUTH_TOKEN")
+    if not token and os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        token = Path(os.environ["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
+    return {"Authorization": f"Bearer {token}"} if token else None

@@ -18,7 +18,7 @@ from prefect.artifacts import create_table_artifact
 from envs.evalset import load as load_eval_set
 from mazerl.evaluation.evaluate import EvalReport
 from mazerl.fingerprint import model_fingerprint
-from mazerl.tracking.lineage import log_eval_report, log_eval_set, stage_run
+from mazerl.tracking.lineage import client_for, log_eval_report, log_eval_set, stage_run
 from tasks.context import RunContext
 from tasks.jobs import run_stage_job
 
@@ -95,9 +95,12 @@ def record_eval(run: RunContext, stage: str, report: EvalReport) -> dict[str, fl
             f"the {stage} report {report.summary_path} is gone (was the data root cleaned?); re-run with "
             "a fresh cache: `prefect cache` entries live under PREFECT_LOCAL_STORAGE_PATH"
         )
-    if not str(report.out_dir).startswith(str(run.run_dir)):
+    reused = not str(report.out_dir).startswith(str(run.run_dir))
+    if reused:
         logger.info(f"{stage}: reusing the cached evaluation from {report.out_dir} (same model, set and settings)")
     with stage_run(run.tracking_uri, run_id):
+        if reused:
+            client_for(run.tracking_uri).set_tag(run_id, "mazerl.reused_eval_dir", str(report.out_dir))
         log_eval_set(run.tracking_uri, run_id, report.eval_set)
         metrics = log_eval_report(run.tracking_uri, run_id, report.out_dir)
     rows = [json.loads(line) for line in report.results_path.read_text().splitlines() if line.strip()]

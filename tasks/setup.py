@@ -8,9 +8,17 @@ from prefect import get_run_logger, task
 from prefect.runtime import deployment, flow_run
 
 from mazerl.cluster.ray_local import ensure_local_head
-from mazerl.params import PipelineParams
+from mazerl.params import EvalParams, PipelineParams
 from mazerl.policy.starter import ensure_starter
-from mazerl.tracking.lineage import start_pipeline_run
+from mazerl.preflight import InputError, check_pipeline_inputs
+from mazerl.tracking.lineage import (
+    client_for,
+    default_artifact_location,
+    ensure_experiment,
+    log_params,
+    start_pipeline_run,
+)
+from mazerl.tracking.registry import model_version_dir
 from tasks.context import RunContext
 
 
@@ -19,10 +27,24 @@ def run_id_for(flow_run_name: str, flow_run_id: str) -> str:
     return f"{flow_run_name}-{flow_run_id[:8]}"
 
 
-@task(name="prepare", retries=1, retry_delay_seconds=5)
+def retry_unless_bad_input(task, task_run, state) -> bool:
+    """Prefect retry condition: a bad input stays bad, anything else (a locked database, a slow head) may pass."""
+    try:
+        state.result()
+    except InputError:
+        return False
+    except Exception:
+        return True
+    return False
+
+
+@task(name="prepare", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_bad_input)
 def prepare(params: PipelineParams) -> RunContext:
     """Build (or reuse) the starter if no base model is given, find or start Ray, open the MLflow runs."""
     logger = get_run_logger()
+    flow_id = str(flow_run.id or "local")
+    run_id = run_id_for(str(flow_run.name or "run"), flow_id)
+    check_pipeline_inputs(params, run_id)  # before anything is built, started or written
     root = params.root()
     root.mkdir(parents=True, exist_ok=True)
     if params.base_model is None:
@@ -34,8 +56,6 @@ def prepare(params: PipelineParams) -> RunContext:
         head = ensure_local_head()
         address = head.address
         logger.info(f"embedded Ray head at {address} ({'started' if head.started_here else 'reused'})")
-    flow_id = str(flow_run.id or "local")
-    run_id = run_id_for(str(flow_run.name or "run"), flow_id)
     runs = start_pipeline_run(
         params.resolved_tracking_uri(),
         params.experiment,
@@ -59,3 +79,36 @@ def prepare(params: PipelineParams) -> RunContext:
         stage_run_ids=dict(runs.stage_run_ids),
         pipeline_run_id=runs.parent_run_id,
     )
+
+
+@task(name="prepare_eval", retries=1, retry_delay_seconds=5)
+def prepare_eval(params: EvalParams) -> tuple[RunContext, Path]:
+    """Resolve the model (a directory, or a registry version/alias), find or start Ray, open one MLflow run."""
+    logger = get_run_logger()
+    root = params.root()
+    root.mkdir(parents=True, exist_ok=True)
+    tracking_uri = params.resolved_tracking_uri()
+    if params.model_dir is not None:
+        model_dir = Path(params.model_dir).expanduser().resolve()
+    else:
+        model_dir = Path(model_version_dir(tracking_uri, params.registered_model, params.version))
+        logger.info(f"{params.registered_model} {params.version} -> {model_dir}")
+    address = params.ray_address or ensure_local_head().address
+    flow_id = str(flow_run.id or "local")
+    run_id = run_id_for(str(flow_run.name or "eval"), flow_id)
+    experiment_id = ensure_experiment(tracking_uri, params.experiment, default_artifact_location(tracking_uri))
+    tags = {"prefect.flow_run_id": flow_id, "mazerl.model_dir": str(model_dir)}
+    mlflow_run = client_for(tracking_uri).create_run(experiment_id, run_name="eval", tags=tags).info.run_id
+    log_params(tracking_uri, mlflow_run, params)
+    context = RunContext(
+        run_id=run_id,
+        flow_run_id=flow_id,
+        root=root,
+        tracking_uri=tracking_uri,
+        ray_address=address,
+        base_model=model_dir,
+        eval_set=params.eval_set,
+        stage_run_ids={"final_eval": mlflow_run},
+        pipeline_run_id=mlflow_run,
+    )
+    return context, model_dir

@@ -43,6 +43,7 @@ import torch
 
 from envs.evalset import load as load_eval_set
 from mazerl.fingerprint import model_fingerprint
+from mazerl.policy.vision_cache import VisionCache
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, save_config
 from mazerl.training.data import epoch_of_step, step_indices, training_pool
@@ -201,6 +202,11 @@ class LocalGRPOTrainer:
         self.eval_set = load_eval_set(config.eval_set)
         if config.max_turns != self.eval_set.max_moves:
             log(f"note: max_turns={config.max_turns} differs from the eval set's budget {self.eval_set.max_moves}")
+        if not config.freeze_vision:
+            raise TrainingConfigError(
+                "freeze_vision (False) is not supported by the local backend: LoRA adapters go on the language "
+                "model only; set freeze_vision: true"
+            )
         self.pool = training_pool(self.eval_set, config.train_pool_size)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if config.torch_threads:
@@ -250,6 +256,9 @@ class LocalGRPOTrainer:
         for parameter in model.parameters():
             parameter.requires_grad_(False)
         self.model = attach_lora(model, self.config, resume_from.adapter_dir if resume_from else None)
+        # The vision tower gets no adapter, so its output per frame never changes: encode each frame once.
+        self.vision_cache = VisionCache()
+        self.vision_cache.attach(self.model)
         self.model.train()
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -302,7 +311,7 @@ class LocalGRPOTrainer:
         merging a copy (milliseconds for the starter) keeps the trained model's weights exact,
         unlike merge/unmerge in place, whose float rounding would drift step after step.
         """
-        return copy.deepcopy(self.model).merge_and_unload().eval()
+        return self.vision_cache.attach(copy.deepcopy(self.model).merge_and_unload().eval())
 
     def _greedy_eval(self) -> dict[str, float]:
         """Greedy success on the (first ``eval_mazes`` of the) eval set with the current adapter."""

@@ -1,0 +1,24 @@
+"""Eval alone: any model directory, or a registered model version/alias, on a fixed eval set.
+
+from flows.evaluate import evaluate_model
+evaluate_model(EvalParams(registered_model="maze-vlm", version="champion"))
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from mazerl.params import EvalParams
+from tasks.evaluation import EvalSettings, final_eval, record_eval
+from tasks.setup import prepare_eval
+
+
+@flow(name="vlm-maze-eval", log_prints=True, validate_parameters=True)
+def evaluate_model(params: EvalParams) -> dict[str, float]:
+    """Greedy eval of one model; results in an MLflow run of its own and as Prefect artifacts."""
+    run, model_dir = prepare_eval(params)
+    settings = EvalSettings(
+        eval_set=run.eval_set, workers=params.eval_workers, max_mazes=params.max_eval_mazes, gif_count=params.gif_count
+    )
+    report = final_eval.with_options(name="eval")(run, model_dir, settings)
+    return record_eval(run, "final_eval", report)

@@ -1,0 +1,204 @@
+"""The Prefect pipeline end to end on a miniature config: real Prefect, MLflow (SQLite) and local Ray.
+
+One flow run takes a minute or two on 2 cores: the reduced starter, 4 eval mazes, 2 GRPO steps of
+1 maze x 2 samples with 3-move episodes.
+"""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+from mlflow.tracking import MlflowClient
+
+from mazerl.params import PipelineParams
+from mazerl.tracking.lineage import STAGES
+from mazerl.training import checkpoints
+
+MINI_TRAINING = {
+    "history_images": 1,
+    "max_turns": 3,
+    "steps": 2,
+    "mazes_per_step": 1,
+    "train_pool_size": 8,
+    "checkpoint_interval": 1,
+    "torch_threads": 1,
+    "lora": {"rank": 4, "alpha": 8},
+    "grpo": {"samples_per_maze": 2, "max_new_tokens": 8, "temperature": 0.7, "format_bonus": 1.0},
+}
+
+
+@pytest.fixture(scope="module")
+def prefect_home(tmp_path_factory):
+    """A throw-away Prefect database for this module's flow runs (Prefect's own test harness)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    storage = tmp_path_factory.mktemp("prefect-storage")
+    os.environ["PREFECT_LOCAL_STORAGE_PATH"] = str(storage)
+    os.environ["PREFECT_RESULTS_PERSIST_BY_DEFAULT"] = "true"
+    with prefect_test_harness(server_startup_timeout=120):
+        yield storage
+
+
+@pytest.fixture
+def ray_token(local_ray_head, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(local_ray_head.token_path))
+
+
+def mini_params(root, model_dir, address, **overrides):
+    values = {
+        "base_model": str(model_dir),
+        "eval_set": "maze256-small-v1",
+        "data_root": str(root),
+        "ray_address": address,
+        "max_eval_mazes": 4,
+        "eval_workers": 1,
+        "gif_count": 2,
+        "training": MINI_TRAINING,
+    }
+    return PipelineParams.model_validate(values | overrides)
+
+
+def stage_runs(tracking_uri, parent_run_id):
+    client = MlflowClient(tracking_uri)
+    parent = client.get_run(parent_run_id)
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'"
+    )
+    return {run.info.run_name: run for run in children}
+
+
+def test_full_flow_leaves_runs_metrics_artifacts_registry_and_prefect_artifacts(
+    prefect_home, ray_token, mlflow_root, starter_model_dir, local_ray_address
+):
+    from prefect.client.orchestration import get_client
+
+    from flows.pipeline import pipeline
+
+    summary = pipeline(mini_params(mlflow_root, starter_model_dir, local_ray_address))
+    uri = summary.tracking_uri
+    client = MlflowClient(uri)
+    assert client.get_run(summary.mlflow_run_id).info.status == "FINISHED"
+    runs = stage_runs(uri, summary.mlflow_run_id)
+    assert set(runs) == set(STAGES)
+    assert all(run.info.status == "FINISHED" for run in runs.values()), {n: r.info.status for n, r in runs.items()}
+    train_metrics = set(runs["train"].data.metrics)
+    for name in ("reward_mean", "success_rate", "response_tokens", "policy_loss", "grad_norm", "step_seconds"):
+        assert f"train/{name}" in train_metrics, f"train/{name} missing from {sorted(train_metrics)}"
+    assert len(client.get_metric_history(runs["train"].info.run_id, "train/reward_mean")) == 2
+    for stage in ("baseline_eval", "final_eval"):
+        assert {"eval/success_rate", "eval/avg_moves", "eval/parse_failure_rate"} <= set(runs[stage].data.metrics)
+        files = {a.path for a in client.list_artifacts(runs[stage].info.run_id, "eval")}
+        assert {"eval/results.json", "eval/summary.json"} <= files
+    assert any(a.path == "config" for a in client.list_artifacts(runs["train"].info.run_id))
+    assert {a.path for a in client.list_artifacts(runs["merge_lora"].info.run_id)} >= {"merged_model"}
+    assert any(a.path == "learning_curve" for a in client.list_artifacts(summary.mlflow_run_id))
+    versions = client.search_model_versions("name = 'maze-vlm'")
+    assert [v.run_id for v in versions] == [runs["merge_lora"].info.run_id]
+    assert checkpoints.read_marker(mlflow_root / "runs" / summary.run_id / "checkpoints") == 2
+
+    async def artifact_keys():
+        async with get_client() as prefect:
+            return {a.key for a in await prefect.read_artifacts()}
+
+    import asyncio
+
+    keys = asyncio.run(artifact_keys())
+    assert {
+        "pipeline-summary",
+        "baseline-eval-results",
+        "final-eval-results",
+        "train-progress",
+        "verify-cluster",
+    } <= keys
+
+
+def flow_run_record(flow_run_id):
+    """(task-run state names by task name, log messages by task name) of one flow run, from the Prefect API."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterTaskRunId
+
+    async def read():
+        async with get_client() as client:
+            runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            states, messages = {}, {}
+            for run in sorted(runs, key=lambda r: r.expected_start_time):
+                name = run.name.rsplit("-", 1)[0]
+                states.setdefault(name, run.state.name)
+                logs = await client.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[run.id])))
+                messages.setdefault(name, []).extend(log.message for log in logs)
+            return states, messages
+
+    return asyncio.run(read())
+
+
+def test_second_run_on_the_same_model_reuses_the_baseline(
+    prefect_home, ray_token, mlflow_root, starter_model_dir, local_ray_address
+):
+    from flows.pipeline import pipeline
+
+    params = mini_params(mlflow_root, starter_model_dir, local_ray_address)
+    first = pipeline(params)
+    state = pipeline(params, return_state=True)
+    second = state.result()
+    assert second.run_id != first.run_id
+    states, messages = flow_run_record(state.state_details.flow_run_id)
+    assert states["baseline_eval"] == "Cached", states
+    assert any("reusing the cached evaluation" in m for m in messages["record_eval"]), "the log says so"
+    baseline_dir = mlflow_root / "runs" / second.run_id / "eval" / "baseline"
+    assert not baseline_dir.exists(), "the baseline was not evaluated again"
+    assert second.baseline == first.baseline
+    runs = stage_runs(second.tracking_uri, second.mlflow_run_id)
+    assert "eval/success_rate" in runs["baseline_eval"].data.metrics, "the reused report is logged in the new run"
+    assert runs["baseline_eval"].data.tags["mazerl.reused_eval_dir"].endswith(f"{first.run_id}/eval/baseline")
+
+
+def test_training_job_killed_mid_run_is_retried_and_resumes(
+    prefect_home, ray_token, mlflow_root, starter_model_dir, local_ray_address
+):
+    from flows.pipeline import pipeline
+
+    training = MINI_TRAINING | {"steps": 4}
+    params = mini_params(mlflow_root, starter_model_dir, local_ray_address, training=training, train_retries=2)
+    killed = {}
+
+    def kill_after_first_checkpoint():
+        deadline = time.time() + 900
+        while time.time() < deadline and not killed:
+            for marker in mlflow_root.glob("runs/*/checkpoints/" + checkpoints.MARKER):
+                step = checkpoints.read_marker(marker.parent)
+                for proc in psutil.process_iter(["pid", "cmdline"]):
+                    cmdline = " ".join(proc.info["cmdline"] or [])
+                    if "mazerl.training.local_entry" in cmdline and str(marker.parents[1]) in cmdline:
+                        os.kill(proc.info["pid"], signal.SIGKILL)
+                        killed["step"] = step
+                        return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_after_first_checkpoint, daemon=True)
+    killer.start()
+    summary = pipeline(params)
+    killer.join(timeout=5)
+    assert killed, "the training job was never killed"
+    run_dir = mlflow_root / "runs" / summary.run_id
+    assert checkpoints.read_marker(run_dir / "checkpoints") == 4
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [line["step"] for line in lines]
+    assert sorted(set(steps)) == [1, 2, 3, 4]
+    assert steps.count(killed["step"]) == 1 and steps.count(4) == 1, f"a completed step was trained twice: {steps}"
+
+
+def test_invalid_parameters_fail_before_any_stage(prefect_home, tmp_path):
+    from flows.pipeline import pipeline
+
+    root = tmp_path / "root"
+    state = pipeline(params={"data_root": str(root), "training": {"learning_rate": -1}}, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(Exception, match="learning_rate"):
+        state.result()
+    assert not root.exists(), "nothing is written for a rejected run"

@@ -1,0 +1,73 @@
+"""prefect.yaml: every deployment points at a real flow, its parameters validate, its schedule parses."""
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from prefect import Flow
+from prefect.client.schemas.schedules import CronSchedule
+
+from mazerl.params import PipelineParams
+
+PREFECT_YAML = Path(__file__).parents[1] / "prefect.yaml"
+PLACEHOLDER = re.compile(r"\{\{\s*\$(\w+)\s*\}\}")
+FAKE_ENV = {
+    "MLFLOW_TRACKING_URI": "http://mlflow.mazerl.svc.cluster.local:5000",
+    "HYPERPOD_CLUSTER_NAME": "ml-cluster",
+    "MAZERL_IMAGE": "123456789012.dkr.ecr.us-west-2.amazonaws.com/mazerl:0.1.0",
+    "MAZERL_PROJECT_DIR": "/opt/mazerl",
+}
+
+
+def filled(value):
+    """The deployment as `prefect deploy` renders it with the documented environment."""
+    if isinstance(value, str):
+        return PLACEHOLDER.sub(lambda m: FAKE_ENV[m.group(1)], value)
+    if isinstance(value, dict):
+        return {k: filled(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [filled(v) for v in value]
+    return value
+
+
+def deployments():
+    return filled(yaml.safe_load(PREFECT_YAML.read_text()))["deployments"]
+
+
+def test_local_and_hyperpod_deployments_exist():
+    names = {d["name"]: d for d in deployments()}
+    assert set(names) == {"local", "hyperpod"}
+    assert names["local"]["work_pool"]["name"] == "mazerl-local"
+    assert names["hyperpod"]["work_pool"]["name"] == "mazerl-hyperpod"
+    assert names["hyperpod"]["work_pool"]["job_variables"]["env"]["MAZERL_HOME"] == "/shared"
+
+
+@pytest.mark.parametrize("deployment", deployments(), ids=lambda d: d["name"])
+def test_entrypoint_is_a_flow_and_parameters_validate(deployment):
+    module_path, _, name = deployment["entrypoint"].partition(":")
+    module = importlib.import_module(module_path.removesuffix(".py").replace("/", "."))
+    assert isinstance(getattr(module, name), Flow)
+    params = PipelineParams.model_validate(deployment["parameters"]["params"])
+    if deployment["name"] == "hyperpod":
+        assert params.backend == "skyrl" and params.data_root == "/shared"
+        config = params.train_config("r", Path("/shared/models/x"))
+        gpus = config.skyrl.num_gpus * config.skyrl.num_nodes
+        episodes = config.mazes_per_step * config.grpo.samples_per_maze
+        assert episodes % gpus == 0, f"{episodes} episodes per step must split over {gpus} GPUs"
+
+
+@pytest.mark.parametrize("deployment", deployments(), ids=lambda d: d["name"])
+def test_schedules_are_valid_and_inactive_by_default(deployment):
+    for schedule in deployment["schedules"]:
+        CronSchedule(cron=schedule["cron"], timezone=schedule["timezone"])  # Prefect's own validation
+        assert schedule["active"] is False
+
+
+def test_every_placeholder_is_documented():
+    documented = (Path(__file__).parents[1] / "docs" / "hyperpod.md").read_text() + (
+        Path(__file__).parents[1] / "README.md"
+    ).read_text()
+    for name in set(PLACEHOLDER.findall(PREFECT_YAML.read_text())):
+        assert name in documented, f"{name} is used in prefect.yaml but documented nowhere"
