@@ -246,11 +246,11 @@ def _start(
         raise ValueError(f"object_store_mb ({object_store_mb}) must be >= 80 (Ray's minimum is 75 MiB)")
     token_path = temp / TOKEN_NAME
     _write_secret(token_path, secrets.token_hex(32))
+    spare, gcs_port, client_port, metrics_port, agent_port = _free_ports(5)
     if dashboard_port is None:
-        dashboard_port = DEFAULT_DASHBOARD_PORT if _port_free(DEFAULT_DASHBOARD_PORT) else _free_port()
+        dashboard_port = DEFAULT_DASHBOARD_PORT if _port_free(DEFAULT_DASHBOARD_PORT) else spare
     elif dashboard_port == 0:
-        dashboard_port = _free_port()
-    gcs_port, client_port, metrics_port, agent_port = (_free_port() for _ in range(4))
+        dashboard_port = spare
     command = [
         sys.executable,
         "-m",
@@ -423,10 +423,15 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((LOOPBACK, 0))
-        return probe.getsockname()[1]
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free loopback ports. The probe sockets stay bound until all are
+    picked: closing each before asking for the next let the kernel hand out the same port twice,
+    and Ray refuses to start when two of its components share one."""
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for probe in probes:
+            probe.bind((LOOPBACK, 0))
+        return [probe.getsockname()[1] for probe in probes]
 
 
 def _tail(path: Path, lines: int = 20) -> str:
