@@ -200,8 +200,9 @@ def _run_on_ray(
 
     started_here = not ray.is_initialized()
     if started_here:
-        if ray_address is not None:
-            ray.init(address=ray_address, log_to_driver=False)
+        address = ray_address or os.environ.get("RAY_ADDRESS")
+        if address is not None:
+            ray.init(address=address, log_to_driver=False)
         else:
             ray.init(num_cpus=max(os.cpu_count() or 1, workers * job.threads), include_dashboard=False)
     try:
@@ -259,11 +260,11 @@ def _summary(
     out_dir: Path,
     workers: int,
 ) -> dict[str, Any]:
+    from envs.maze import optimal_moves
     from mazerl.fingerprint import model_fingerprint
 
-    subset = EvalSet(
-        mazes.name, mazes.size, mazes.cell_px, mazes.max_moves, mazes.seeds, mazes.layouts[:count], mazes.digest, ""
-    )
+    # The ceiling of the mazes actually played (the whole set unless max_mazes cut it).
+    ceiling = sum(optimal_moves(layout) + 1 <= mazes.max_moves for layout in mazes.layouts[:count]) / count
     return {
         "eval_set": mazes.name,
         "eval_set_digest": mazes.digest,
@@ -271,7 +272,7 @@ def _summary(
         "model_digest": model_fingerprint(model_dir),
         "adapter": str(adapter) if adapter is not None else None,
         "adapter_digest": model_fingerprint(adapter) if adapter is not None else None,
-        **summarize(rows, subset.budget_ceiling()),
+        **summarize(rows, ceiling),
         "max_moves": mazes.max_moves,
         "settings": {
             "engine": job.engine,

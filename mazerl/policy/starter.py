@@ -8,7 +8,7 @@ reads like any Qwen3-VL checkpoint:
    with the Qwen special tokens, and a Qwen-style chat template;
 2. an image processor sized for maze frames: 16 px patches, spatial merge 1, so each cell
    of the 7x7 world at 16 px is exactly one image token (49 per frame);
-3. a ``Qwen3VLForConditionalGeneration`` with text 128 x 4 layers and vision 128 x 2;
+3. a ``Qwen3VLForConditionalGeneration`` with text 128 x 4 layers and vision 128 x 4;
 4. a warm-start (``mazerl.policy.warmstart``): imitation of the shortest-path solver
    through the real processor and chat template, so the starter solves a minority of the
    embedded eval mazes, as the VisGym SFT checkpoint did for the reference run.
@@ -88,7 +88,9 @@ class StarterConfig(BaseModel):
     text_heads: int = Field(4, description="Attention heads (head_dim 32).")
     text_intermediate: int = Field(512, description="Text MLP width.")
     vision_hidden: int = Field(128, description="Vision tower width.")
-    vision_layers: int = Field(2, description="Vision blocks.")
+    vision_layers: int = Field(
+        4, description="Vision blocks (4, not 2: per-cell path directions need the depth; cheap at 49 tokens)."
+    )
     vision_heads: int = Field(4, description="Vision attention heads.")
     vision_intermediate: int = Field(512, description="Vision MLP width.")
     patch_size: int = Field(16, description="Vision patch size in pixels (= the world's cell_px: one patch per cell).")
@@ -101,7 +103,7 @@ class StarterConfig(BaseModel):
     history_noise: float = Field(
         0.3, ge=0, le=1, description="Per-step chance of a wall bump or dead-end excursion in warm-start histories."
     )
-    epochs: float = Field(1.5, gt=0, description="Passes over the warm-start states (fractional allowed).")
+    epochs: float = Field(0.8, gt=0, description="Passes over the warm-start states (fractional allowed).")
     max_states: int | None = Field(None, ge=1, description="Use only the first N states (reduced builds).")
     batch_size: int = Field(16, ge=1, description="States per optimizer step (16 learns faster per second than 32).")
     learning_rate: float = Field(1e-3, gt=0, description="AdamW peak learning rate (cosine decay to 0).")

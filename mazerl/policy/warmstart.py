@@ -222,7 +222,7 @@ def batch_loss(
     aux_weight: float,
     captured: dict[str, torch.Tensor],
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Answer cross-entropy (+ the two auxiliary losses); also exact-match answer accuracy."""
+    """Answer cross-entropy (+ the auxiliary losses); also exact-match answer accuracy."""
     sequences = [s.input_ids + s.answer_ids for s in batch]
     inputs = model_inputs(processor, sequences, [s.images for s in batch], padding_side="left")
     longest = max(len(s.answer_ids) for s in batch)
