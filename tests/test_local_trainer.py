@@ -143,3 +143,50 @@ def test_config_errors_exit_with_code_2(tmp_path, starter_model_dir):
         timeout=120,
     )
     assert result.returncode == 2 and "learning_rate" in result.stdout
+
+
+def test_mini_batches_hold_whole_groups_in_rollout_order():
+    from mazerl.training.local_trainer import TurnSample, mini_batches
+
+    samples = [TurnSample([1], [], [2], 0.5, maze) for maze in (7, 7, 3, 3, 3, 9, 5, 5)]
+    batches = mini_batches(samples, 2)
+    assert [[s.maze_id for s in batch] for batch in batches] == [[7, 7, 3, 3, 3], [9, 5, 5]]
+    assert mini_batches(samples, None) == [samples]
+
+
+def test_mini_batches_take_one_optimizer_step_each_and_score_old_log_probs_first(
+    tmp_path, starter_model_dir, monkeypatch
+):
+    from mazerl.training import local_trainer
+
+    # given 2 mazes per step split into mini-batches of 1 maze, 2 update epochs, rewards that vary,
+    config = tiny_config(tmp_path, starter_model_dir, steps=3, mazes_per_step=2, mini_batch_mazes=1)
+    scoring = local_trainer.reply_log_probs
+    calls, steps = [], []  # calls: grad enabled?, per log-prob pass; steps: (metrics, that step's calls)
+
+    def recorded(*args, **kwargs):
+        calls.append(torch.is_grad_enabled())
+        return scoring(*args, **kwargs)
+
+    class Sink:
+        def log(self, step, metrics):
+            steps.append((metrics, calls.copy()))
+            calls.clear()
+
+    monkeypatch.setattr(local_trainer, "reply_log_probs", recorded)
+    LocalGRPOTrainer(config, log=lambda _: None).run(metrics_sink=Sink())
+    # when a step has two mini-batches with samples,
+    split = [(m, c) for m, c in steps if m.get("train/optimizer_steps") == 4.0]
+    assert split, f"no step had both mazes with an advantage: {[m.get('train/optimizer_steps') for m, _ in steps]}"
+    for metrics, step_calls in split:
+        # then it takes one optimizer step per (mini-batch, epoch), and the old log-probs are all
+        # scored without gradients before the first update (the second mini-batch would otherwise
+        # see a policy the first one already moved).
+        scored = step_calls.index(True)
+        assert scored >= 2 and not any(step_calls[:scored]) and all(step_calls[scored:]), step_calls
+        assert metrics["train/grad_norm"] > 0
+
+
+def test_mini_batch_mazes_must_divide_mazes_per_step(tmp_path, starter_model_dir):
+    with pytest.raises(ValueError, match=r"mini_batch_mazes \(3\) must divide mazes_per_step \(8\).*such as 2"):
+        tiny_config(tmp_path, starter_model_dir, mazes_per_step=8, mini_batch_mazes=3)

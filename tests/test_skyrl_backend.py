@@ -184,6 +184,7 @@ def test_kl_coefficient_turns_the_kl_loss_on(tmp_path):
         ({"mazes_per_step": 128}, "train_pool_size"),
         ({"mazes_per_step": 3, "skyrl": {"num_gpus": 16}}, "skyrl.num_gpus"),  # 24 episodes over 16 GPUs
         ({"skyrl": {"micro_batch_size_per_gpu": 3}}, "micro_batch_size_per_gpu"),
+        ({"mazes_per_step": 8, "mini_batch_mazes": 1, "skyrl": {"num_gpus": 16}}, "mini_batch_mazes"),
         ({"skyrl": {"max_input_length": 1024}}, "max_input_length"),
         ({"skyrl": {"max_model_len": 8192}}, "max_model_len"),
     ],
@@ -281,3 +282,9 @@ def test_every_alias_source_is_a_name_skyrl_logs():
 
 def test_schema_path_is_the_committed_snapshot():
     assert skyrl_backend.SCHEMA_PATH.is_file() and SCHEMA["root"] == "skyrl.train.config.SkyRLTrainConfig"
+
+
+def test_mini_batches_map_to_skyrl_policy_mini_batch_size(tmp_path):
+    assert build_overrides(make_config(tmp_path))["trainer.policy_mini_batch_size"] == 16
+    o = build_overrides(make_config(tmp_path, mini_batch_mazes=4))
+    assert (o["trainer.train_batch_size"], o["trainer.policy_mini_batch_size"]) == (16, 4)

@@ -422,7 +422,7 @@ def ensure_starter(
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target.parent / f".{target.name}.lock")):
         if not target.exists():
-            log(f"starter: {target} is missing; building it (about 5-10 minutes on 2 cores)")
+            log(f"starter: {target} is missing; building it (about 4 minutes on 2 cores)")
             build_starter(target, config, log=log)
     recorded = read_record(target).get("config")
     if recorded != config.model_dump(mode="json"):

@@ -131,6 +131,12 @@ class TrainConfig(StrictModel):
     grpo: GrpoConfig = Field(default_factory=GrpoConfig, description="GRPO algorithm settings.")
     steps: int = Field(100, ge=1, description="Optimizer steps (rollout batches) in the whole run.")
     mazes_per_step: int = Field(16, ge=1, description="Distinct mazes per step; each is played samples_per_maze times.")
+    mini_batch_mazes: int | None = Field(
+        None,
+        ge=1,
+        description="Mazes per optimizer step inside an update epoch (SkyRL's policy_mini_batch_size); "
+        "None: the whole step, one optimizer step per epoch. Must divide mazes_per_step.",
+    )
     train_pool_size: int = Field(
         4096,
         ge=1,
@@ -190,6 +196,12 @@ class TrainConfig(StrictModel):
     def _cross_field_rules(self) -> TrainConfig:
         if self.history_images != "all" and self.history_images < 1:
             raise ValueError(f"history_images ({self.history_images}) must be 'all' or >= 1")
+        if self.mini_batch_mazes is not None and self.mazes_per_step % self.mini_batch_mazes:
+            raise ValueError(
+                f"mini_batch_mazes ({self.mini_batch_mazes}) must divide mazes_per_step ({self.mazes_per_step}) "
+                "so every optimizer step sees whole GRPO groups; e.g. set it to a divisor such as "
+                f"{max(d for d in range(1, self.mazes_per_step + 1) if self.mazes_per_step % d == 0 and d <= self.mini_batch_mazes)}"
+            )
         if self.backend == "skyrl":
             placement = self.skyrl.num_gpus * self.skyrl.num_nodes
             if placement % self.skyrl.tensor_parallel_size:

@@ -22,6 +22,42 @@ def log(message: str) -> None:
     print(message, flush=True)
 
 
+class StepSink:
+    """Each step's metrics to MLflow (and metrics.jsonl) and, inside a Ray job, to Ray's metrics
+    (the ``ray_mazerl_train_*`` gauges of the Grafana dashboard)."""
+
+    def __init__(self, logger, run_id: str) -> None:
+        from mazerl.cluster.metrics import TrainingMetrics
+
+        self.logger = logger
+        if os.environ.get("RAY_ADDRESS") and os.environ.get("MAZERL_RAY_METRICS", "1") == "1":
+            _connect_to_ray()
+        self.gauges = TrainingMetrics(run_id=run_id, backend="local")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.logger.log(step, metrics)
+        self.gauges.record(
+            step,
+            reward_mean=metrics.get("train/reward_mean"),
+            success_rate=metrics.get("train/success_rate"),
+            step_seconds=metrics.get("train/step_seconds"),
+        )
+
+    def close(self) -> None:
+        self.logger.close()
+
+
+def _connect_to_ray() -> None:
+    """Join the cluster this job runs on (Ray sets RAY_ADDRESS for job drivers); metrics only."""
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address="auto", log_to_driver=False)
+    except Exception as exc:  # metrics are a nicety: never fail training for them
+        log(f"warning: no Ray metrics export ({type(exc).__name__}: {exc})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", required=True, help="training config file (JSON or YAML)")
@@ -45,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
     run_id = config.mlflow.run_id or os.environ.get("MLFLOW_RUN_ID")
     tracking_uri = config.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or config.tracking_uri
-    sink = MetricsLogger(tracking_uri, run_id, config.run_dir / "metrics.jsonl", warn=log)
+    sink = StepSink(MetricsLogger(tracking_uri, run_id, config.run_dir / "metrics.jsonl", warn=log), config.run_id)
     try:
         result = trainer.run(metrics_sink=sink)
     except (TrainingConfigError, CheckpointError, ModelLoadError) as exc:

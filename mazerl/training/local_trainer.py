@@ -16,10 +16,11 @@ One step, in the order the loop runs:
   5. log       step metrics to MLflow (and metrics.jsonl), optional greedy eval;
   6. checkpoint every ``checkpoint_interval`` steps and at the end, atomically.
 
-Simplifications of GRPO as SkyRL runs it, said plainly: one mini-batch per step (the whole
-rollout batch), no KL term unless ``grpo.kl_coef > 0`` (then the reference policy is the
-base model with the adapter disabled), and the rollout log-probs are recomputed by the
-trainer instead of being taken from the sampler, so ``ratio == 1`` exactly on the first pass.
+Simplifications of GRPO as SkyRL runs it, said plainly: mini-batches (``mini_batch_mazes``,
+SkyRL's policy_mini_batch_size) count only mazes whose group has an advantage; no KL term
+unless ``grpo.kl_coef > 0`` (then the reference policy is the base model with the adapter
+disabled); the rollout log-probs are recomputed by the trainer instead of being taken from
+the sampler, so ``ratio == 1`` exactly on the first pass.
 
 Determinism: every source of randomness of step N is seeded from ``(seed, N)``, so a run
 resumed from the checkpoint of step N reproduces an uninterrupted run bit for bit on CPU
@@ -80,6 +81,7 @@ class TurnSample:
     images: list[np.ndarray]
     response_ids: list[int]
     advantage: float
+    maze_id: int = 0  # the GRPO group; mini-batches hold whole groups
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -155,6 +157,22 @@ def micro_batches(samples: list[TurnSample], max_tokens: int = MICRO_BATCH_TOKEN
     if current:
         batches.append(current)
     return batches
+
+
+def mini_batches(samples: list[TurnSample], mazes_per_batch: int | None) -> list[list[TurnSample]]:
+    """Samples split into batches of ``mazes_per_batch`` whole mazes, in rollout order (None: one batch).
+
+    Counted over the mazes that left samples: a group with no advantage leaves none, and
+    SkyRL's zero-gradient share of such a mini-batch is not worth a forward pass here.
+    """
+    if mazes_per_batch is None:
+        return [samples]
+    mazes = list(dict.fromkeys(s.maze_id for s in samples))
+    batch_of = {maze: position // mazes_per_batch for position, maze in enumerate(mazes)}
+    batches: dict[int, list[TurnSample]] = {}
+    for sample in samples:
+        batches.setdefault(batch_of[sample.maze_id], []).append(sample)
+    return [batches[key] for key in sorted(batches)]
 
 
 def reply_log_probs(
@@ -343,7 +361,7 @@ class LocalGRPOTrainer:
         rewards = [episode.reward for episode in episodes]
         advantages = group_advantages(rewards, [episode.maze_id for episode in episodes])
         return [
-            TurnSample(turn.input_ids, turn.images, turn.response_ids, float(advantage))
+            TurnSample(turn.input_ids, turn.images, turn.response_ids, float(advantage), episode.maze_id)
             for episode, advantage in zip(episodes, advantages.tolist(), strict=True)
             for turn in episode.turns
             if turn.response_ids and advantage != 0.0  # zero advantage: no gradient, skip the compute
@@ -351,58 +369,67 @@ class LocalGRPOTrainer:
 
     def _update(self, samples: list[TurnSample]) -> dict[str, float]:
         grpo = self.config.grpo
-        batches = micro_batches(samples)
         reduce, normaliser = LOSS_REDUCTIONS[grpo.loss_reduction]
-        chunks = [[samples[i] for i in batch] for batch in batches]
-        masks = [reply_mask(chunk, self.device) for chunk in chunks]
-        total = normaliser(masks)
-        # 3. old log-probs: the first update epoch runs before any optimizer step, so its own
-        # forward pass gives them (detached); no separate scoring pass over the batch is needed.
-        old: list[torch.Tensor] = []
-        ref: list[torch.Tensor] = []
+        # Mini-batches of whole GRPO groups (SkyRL's policy_mini_batch_size): one optimizer step
+        # each; each is cut into micro-batches (chunks) that bound activation memory.
+        minis = []
+        for group in mini_batches(samples, self.config.mini_batch_mazes):
+            chunks = [[group[i] for i in batch] for batch in micro_batches(group)]
+            masks = [reply_mask(chunk, self.device) for chunk in chunks]
+            minis.append((chunks, masks, normaliser(masks)))
+        # 3. old log-probs. With one mini-batch the first update epoch runs before any optimizer
+        # step, so its own forward pass gives them (detached). With several, later mini-batches
+        # would see an already-updated policy, so a no-grad scoring pass comes first.
+        old: list[list[torch.Tensor]] = [[] for _ in minis]
+        ref: list[list[torch.Tensor]] = [[] for _ in minis]
         with torch.no_grad():
+            if len(minis) > 1:
+                old = [[self._log_probs(chunk) for chunk in chunks] for chunks, _, _ in minis]
             if grpo.kl_coef > 0:
                 with self.model.disable_adapter():
-                    ref = [
-                        reply_log_probs(self.model, self.processor, c, self.device, grpo.temperature)[0] for c in chunks
-                    ]
+                    ref = [[self._log_probs(chunk) for chunk in chunks] for chunks, _, _ in minis]
         # 4. update epochs over the same batch
         losses, clip_fracs, grad_norms, kls = [], [], [], []
+        token_count = max(sum(float(m.sum()) for _, masks, _ in minis for m in masks), 1.0)
+        params = [p for p in self.model.parameters() if p.requires_grad]
         for _ in range(grpo.update_epochs):
-            self.optimizer.zero_grad(set_to_none=True)
             epoch_loss, clipped_tokens, kl_sum = 0.0, 0.0, 0.0
-            for index, chunk in enumerate(chunks):
-                log_probs, mask = reply_log_probs(self.model, self.processor, chunk, self.device, grpo.temperature)
-                advantages = torch.tensor([s.advantage for s in chunk], device=self.device).unsqueeze(1)  # (B, 1)
-                if len(old) <= index:
-                    old.append(log_probs.detach())
-                per_token, was_clipped = clipped_surrogate(
-                    log_probs, old[index], advantages, grpo.clip_low, grpo.clip_high
-                )
-                if grpo.kl_coef > 0:
-                    kl = k3_kl(log_probs, ref[index])
-                    per_token = per_token + grpo.kl_coef * kl
-                    kl_sum += float((kl * mask).sum())
-                loss = reduce(per_token, mask, total)
-                loss.backward()
-                epoch_loss += loss.item()
-                clipped_tokens += float((was_clipped * mask).sum())
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)))
-            self.optimizer.step()
-            self.scheduler.step()
+            for mini, (chunks, _, total) in enumerate(minis):
+                self.optimizer.zero_grad(set_to_none=True)
+                for index, chunk in enumerate(chunks):
+                    log_probs, mask = reply_log_probs(self.model, self.processor, chunk, self.device, grpo.temperature)
+                    advantages = torch.tensor([s.advantage for s in chunk], device=self.device).unsqueeze(1)  # (B, 1)
+                    if len(old[mini]) <= index:
+                        old[mini].append(log_probs.detach())
+                    per_token, was_clipped = clipped_surrogate(
+                        log_probs, old[mini][index], advantages, grpo.clip_low, grpo.clip_high
+                    )
+                    if grpo.kl_coef > 0:
+                        kl = k3_kl(log_probs, ref[mini][index])
+                        per_token = per_token + grpo.kl_coef * kl
+                        kl_sum += float((kl * mask).sum())
+                    loss = reduce(per_token, mask, total)
+                    loss.backward()
+                    epoch_loss += loss.item() / len(minis)
+                    clipped_tokens += float((was_clipped * mask).sum())
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)))
+                self.optimizer.step()
+                self.scheduler.step()
             losses.append(epoch_loss)
-            token_count = max(sum(float(m.sum()) for m in masks), 1.0)
             clip_fracs.append(clipped_tokens / token_count)
             kls.append(kl_sum / token_count)
         metrics = {
             "train/policy_loss": float(np.mean(losses)),
             "train/grad_norm": float(np.mean(grad_norms)),
             "train/clip_fraction": float(np.mean(clip_fracs)),
+            "train/optimizer_steps": float(len(grad_norms)),
         }
         if grpo.kl_coef > 0:
             metrics["train/kl"] = float(np.mean(kls))
         return metrics
+
+    def _log_probs(self, chunk: list[TurnSample]) -> torch.Tensor:
+        return reply_log_probs(self.model, self.processor, chunk, self.device, self.config.grpo.temperature)[0]
 
     # ---- checkpoint ------------------------------------------------------------------
 

@@ -148,10 +148,17 @@ def check_supported(config: TrainConfig) -> None:
             f"divisible by the GPU count skyrl.num_gpus*num_nodes ({dp_size}); otherwise SkyRL silently drops "
             "the tail of every batch; change mazes_per_step or the GPU count"
         )
-    per_gpu = samples // dp_size
+    mini_samples = (config.mini_batch_mazes or config.mazes_per_step) * config.group_size
+    if mini_samples % dp_size:
+        raise SkyrlConfigError(
+            f"mini_batch_mazes*samples_per_maze ({mini_samples}) must be divisible by the GPU count "
+            f"skyrl.num_gpus*num_nodes ({dp_size}): each optimizer step is split evenly over the GPUs; "
+            "change mini_batch_mazes"
+        )
+    per_gpu = mini_samples // dp_size
     if per_gpu % s.micro_batch_size_per_gpu:
         raise SkyrlConfigError(
-            f"episodes per GPU per step ({per_gpu}) must be divisible by skyrl.micro_batch_size_per_gpu "
+            f"episodes per GPU per optimizer step ({per_gpu}) must be divisible by skyrl.micro_batch_size_per_gpu "
             f"({s.micro_batch_size_per_gpu}); pick a micro batch that divides {per_gpu}"
         )
     if s.max_input_length < s.max_prompt_length:
@@ -198,7 +205,7 @@ def build_overrides(config: TrainConfig) -> dict[str, Any]:
         "trainer.update_epochs_per_batch": grpo.update_epochs,
         # batches: one step = mazes_per_step mazes x samples_per_maze episodes, one optimizer step per epoch
         "trainer.train_batch_size": config.mazes_per_step,
-        "trainer.policy_mini_batch_size": config.mazes_per_step,
+        "trainer.policy_mini_batch_size": config.mini_batch_mazes or config.mazes_per_step,
         "trainer.micro_train_batch_size_per_gpu": s.micro_batch_size_per_gpu,
         "trainer.micro_forward_batch_size_per_gpu": s.micro_batch_size_per_gpu,
         "trainer.epochs": epochs,

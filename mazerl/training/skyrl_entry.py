@@ -94,11 +94,21 @@ def _experiment_class() -> type:
 
     class MazePPOExp(BasePPOExp):
         def get_tracker(self):  # noqa: ANN202 (SkyRL's Tracking)
+            from mazerl.cluster.metrics import TrainingMetrics
+
             tracker = super().get_tracker()
             skyrl_log = tracker.log
+            gauges = TrainingMetrics(run_id=str(self.cfg.trainer.run_name), backend="skyrl")
 
             def log_with_aliases(data: dict, step: int, commit: bool = False) -> None:
-                skyrl_log(add_metric_aliases(data), step, commit=commit)
+                named = add_metric_aliases(data)
+                skyrl_log(named, step, commit=commit)
+                gauges.record(  # the Grafana dashboard's ray_mazerl_train_* series
+                    step,
+                    reward_mean=named.get("train/reward_mean"),
+                    success_rate=named.get("train/success_rate"),
+                    step_seconds=named.get("train/step_seconds"),
+                )
 
             tracker.log = log_with_aliases
             return tracker
