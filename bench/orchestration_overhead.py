@@ -29,18 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.report import write_section  # noqa: E402
+from mazerl.params import MINIATURE_TRAINING  # noqa: E402
 
-MINI_TRAINING = {
-    "history_images": 1,
-    "max_turns": 3,
-    "steps": 2,
-    "mazes_per_step": 1,
-    "train_pool_size": 8,
-    "checkpoint_interval": 1,
-    "torch_threads": 1,
-    "lora": {"rank": 4, "alpha": 8},
-    "grpo": {"samples_per_maze": 2, "max_new_tokens": 8, "temperature": 0.7, "format_bonus": 1.0},
-}
 STAGE_OF_JOB = {"verify": "verify_cluster", "baseline": "baseline_eval", "train": "train", "final": "final_eval"}
 
 
@@ -123,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                     "max_eval_mazes": 4,
                     "eval_workers": 1,
                     "gif_count": 2,
-                    "training": MINI_TRAINING,
+                    "training": MINIATURE_TRAINING,
                 }
             )
             with temporary_settings({PREFECT_API_URL: server.api_url}):

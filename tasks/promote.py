@@ -121,7 +121,11 @@ def promote_model(
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(run.tracking_uri)
-    client.log_text(run.pipeline_run_id, scrub_text(json.dumps(asdict(summary), indent=2)), "summary.json")
+    summary_json = scrub_text(json.dumps(asdict(summary), indent=2))
+    client.log_text(run.pipeline_run_id, summary_json, "summary.json")
+    local_copy = run.run_dir / "summary.json"  # beside the run's files, for scripts (bench/embedded_result.py)
+    local_copy.with_name(".summary.json.tmp").write_text(summary_json)
+    local_copy.with_name(".summary.json.tmp").replace(local_copy)
     for key, value in {
         "baseline/success_rate": baseline.success_rate,
         "final/success_rate": final.success_rate,

@@ -1,6 +1,7 @@
 """Shared test settings: keep torch and BLAS to the two cores CI has."""
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -98,3 +99,29 @@ def local_ray_address(local_ray_head) -> str:
     """The session's local Ray job-server address, ``http://127.0.0.1:<port>``; send
     ``local_ray_head.auth_headers()`` with every request (token auth is on)."""
     return local_ray_head.address
+
+
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory):
+    """Prefect's own test harness for one module: a temporary API server on 127.0.0.1 and a fresh
+    database that subprocesses can share, results persisted to a throw-away folder.
+
+    Yields ``{"url": API URL, "storage": result folder (Path), "database": SQLite file (Path)}``;
+    the environment is restored afterwards.
+    """
+    from prefect.settings import PREFECT_API_URL, get_current_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    storage = tmp_path_factory.mktemp("prefect-storage")
+    keys = ("PREFECT_LOCAL_STORAGE_PATH", "PREFECT_RESULTS_PERSIST_BY_DEFAULT")
+    saved = {key: os.environ.get(key) for key in keys}
+    os.environ["PREFECT_LOCAL_STORAGE_PATH"] = str(storage)
+    os.environ["PREFECT_RESULTS_PERSIST_BY_DEFAULT"] = "true"
+    with prefect_test_harness(server_startup_timeout=120):
+        url = get_current_settings().server.database.connection_url.get_secret_value()
+        yield {"url": PREFECT_API_URL.value(), "storage": storage, "database": Path(url.split(":///", 1)[1])}
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

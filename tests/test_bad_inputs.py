@@ -28,19 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mazerl.params import PipelineParams
-
-MINI_TRAINING = {
-    "history_images": 1,
-    "max_turns": 3,
-    "steps": 2,
-    "mazes_per_step": 1,
-    "train_pool_size": 8,
-    "checkpoint_interval": 1,
-    "torch_threads": 1,
-    "lora": {"rank": 4, "alpha": 8},
-    "grpo": {"samples_per_maze": 2, "max_new_tokens": 8},
-}
+from mazerl.params import MINIATURE_TRAINING, PipelineParams
 
 
 @dataclass
@@ -65,7 +53,7 @@ class World:
             "ray_address": self.ray_address,
             "max_eval_mazes": 4,
             "eval_workers": 1,
-            "training": dict(MINI_TRAINING),
+            "training": dict(MINIATURE_TRAINING),
         }
         for key, value in overrides.items():
             values[key] = {**values[key], **value} if isinstance(value, dict) and key == "training" else value
@@ -133,7 +121,7 @@ def fake_checkpoint(w: World, fingerprint: str | None = None, adapter_config: st
 
     config = TrainConfig.model_validate(
         {"run_id": "r", "data_root": str(w.root), "base_model": str(w.model_dir), "eval_set": "maze256-small-v1"}
-        | MINI_TRAINING
+        | MINIATURE_TRAINING
     )
 
     def write(path: Path) -> None:
@@ -298,7 +286,7 @@ CASES = [
     Case(
         "GRPO group size 1",
         "pipeline",
-        lambda w: pipeline_gate(w.params(training={"grpo": {**MINI_TRAINING["grpo"], "samples_per_maze": 1}})),
+        lambda w: pipeline_gate(w.params(training={"grpo": {**MINIATURE_TRAINING["grpo"], "samples_per_maze": 1}})),
         "training.grpo.samples_per_maze",
         "must be >= 2",
     ),
@@ -393,26 +381,6 @@ CASES = [
 
 
 # --- fixtures -------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory):
-    """A throw-away Prefect database for this module's flow runs (Prefect's own test harness)."""
-    import os
-
-    from prefect.testing.utilities import prefect_test_harness
-
-    storage = tmp_path_factory.mktemp("prefect-storage")
-    saved = {key: os.environ.get(key) for key in ("PREFECT_LOCAL_STORAGE_PATH", "PREFECT_RESULTS_PERSIST_BY_DEFAULT")}
-    os.environ["PREFECT_LOCAL_STORAGE_PATH"] = str(storage)
-    os.environ["PREFECT_RESULTS_PERSIST_BY_DEFAULT"] = "true"
-    with prefect_test_harness(server_startup_timeout=120):
-        yield storage
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from mazerl.params import MINIATURE_TRAINING
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, save_config
 from mazerl.training.local_trainer import LocalGRPOTrainer
@@ -38,16 +39,9 @@ def tiny_config(root, model_dir, **overrides) -> TrainConfig:
         "data_root": str(root),
         "base_model": str(model_dir),
         "eval_set": "maze256-small-v1",
-        "history_images": 1,
-        "max_turns": 3,
+        **MINIATURE_TRAINING,
         "steps": 3,
-        "mazes_per_step": 1,
-        "train_pool_size": 8,
-        "checkpoint_interval": 1,
         "checkpoints_kept": 2,
-        "torch_threads": 1,
-        "lora": {"rank": 4, "alpha": 8},
-        "grpo": {"samples_per_maze": 2, "max_new_tokens": 8, "temperature": 0.7, "format_bonus": 1.0},
     }
     return TrainConfig.model_validate(values | overrides)
 
@@ -272,17 +266,6 @@ def test_checkpoint_write_failing_with_simulated_os_error_is_clear_keeps_the_pre
 # (d) The Ray head gone when a stage starts
 # --------------------------------------------------------------------------------------
 
-MINI_TRAINING = {
-    "history_images": 1,
-    "max_turns": 3,
-    "steps": 4,
-    "mazes_per_step": 1,
-    "train_pool_size": 8,
-    "checkpoint_interval": 1,
-    "torch_threads": 1,
-    "lora": {"rank": 4, "alpha": 8},
-    "grpo": {"samples_per_maze": 2, "max_new_tokens": 8, "temperature": 0.7, "format_bonus": 1.0},
-}
 FLOW_SCRIPT = textwrap.dedent(
     """
     import json, sys
@@ -291,25 +274,6 @@ FLOW_SCRIPT = textwrap.dedent(
     pipeline(PipelineParams.model_validate(json.loads(sys.argv[1])))
     """
 )
-
-
-@pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory):
-    """Prefect's test harness: a temporary API server on 127.0.0.1 (and database) that subprocesses can share."""
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
-
-    storage = tmp_path_factory.mktemp("prefect-storage")
-    saved = {key: os.environ.get(key) for key in ("PREFECT_LOCAL_STORAGE_PATH", "PREFECT_RESULTS_PERSIST_BY_DEFAULT")}
-    os.environ["PREFECT_LOCAL_STORAGE_PATH"] = str(storage)
-    os.environ["PREFECT_RESULTS_PERSIST_BY_DEFAULT"] = "true"
-    with prefect_test_harness(server_startup_timeout=120):
-        yield {"url": PREFECT_API_URL.value(), "storage": str(storage)}
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
 
 
 def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.5):
@@ -359,11 +323,11 @@ def test_prefect_process_killed_while_training_then_the_flow_run_rerun_reattache
         "max_eval_mazes": 2,
         "eval_workers": 1,
         "gif_count": 0,
-        "training": MINI_TRAINING,
+        "training": MINIATURE_TRAINING,
     }
     env = os.environ | {
         "PREFECT_API_URL": prefect_api["url"],
-        "PREFECT_LOCAL_STORAGE_PATH": prefect_api["storage"],
+        "PREFECT_LOCAL_STORAGE_PATH": str(prefect_api["storage"]),
         "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "true",
         "PREFECT_LOGGING_LEVEL": "INFO",
         "RAY_AUTH_TOKEN_PATH": str(local_ray_head.token_path),
@@ -469,7 +433,7 @@ def test_ray_head_gone_when_the_train_stage_starts_is_a_retryable_error_naming_t
     runs = start_pipeline_run(uri, flow_run_id="gone-head")
     params = PipelineParams.model_validate(
         {"base_model": str(starter_model_dir), "data_root": str(mlflow_root), "ray_address": address}
-        | {"eval_set": "maze256-small-v1", "training": MINI_TRAINING}
+        | {"eval_set": "maze256-small-v1", "training": MINIATURE_TRAINING}
     )
     context = RunContext(
         run_id="gone-head",

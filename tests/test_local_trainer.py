@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from mazerl.params import MINIATURE_TRAINING
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, save_config
 from mazerl.training.local_trainer import LocalGRPOTrainer, TrainingConfigError
@@ -23,16 +24,9 @@ def tiny_config(root, model_dir, run_id="r", **overrides):
         "data_root": str(root),
         "base_model": str(model_dir),
         "eval_set": "maze256-small-v1",
-        "history_images": 1,
-        "max_turns": 3,
+        **MINIATURE_TRAINING,
         "steps": 3,
-        "mazes_per_step": 1,
-        "train_pool_size": 8,
-        "checkpoint_interval": 1,
         "checkpoints_kept": 5,
-        "torch_threads": 1,
-        "lora": {"rank": 4, "alpha": 8},
-        "grpo": {"samples_per_maze": 2, "max_new_tokens": 8, "temperature": 0.7, "format_bonus": 1.0},
     }
     for key, value in overrides.items():
         values[key] = value if not isinstance(value, dict) else {**values.get(key, {}), **value}

@@ -12,35 +12,12 @@ import time
 
 import psutil
 import pytest
+import requests
 from mlflow.tracking import MlflowClient
 
-from mazerl.params import PipelineParams
+from mazerl.params import MINIATURE_TRAINING, PipelineParams
 from mazerl.tracking.lineage import STAGES
 from mazerl.training import checkpoints
-
-MINI_TRAINING = {
-    "history_images": 1,
-    "max_turns": 3,
-    "steps": 2,
-    "mazes_per_step": 1,
-    "train_pool_size": 8,
-    "checkpoint_interval": 1,
-    "torch_threads": 1,
-    "lora": {"rank": 4, "alpha": 8},
-    "grpo": {"samples_per_maze": 2, "max_new_tokens": 8, "temperature": 0.7, "format_bonus": 1.0},
-}
-
-
-@pytest.fixture(scope="module")
-def prefect_home(tmp_path_factory):
-    """A throw-away Prefect database for this module's flow runs (Prefect's own test harness)."""
-    from prefect.testing.utilities import prefect_test_harness
-
-    storage = tmp_path_factory.mktemp("prefect-storage")
-    os.environ["PREFECT_LOCAL_STORAGE_PATH"] = str(storage)
-    os.environ["PREFECT_RESULTS_PERSIST_BY_DEFAULT"] = "true"
-    with prefect_test_harness(server_startup_timeout=120):
-        yield storage
 
 
 @pytest.fixture
@@ -57,7 +34,7 @@ def mini_params(root, model_dir, address, **overrides):
         "max_eval_mazes": 4,
         "eval_workers": 1,
         "gif_count": 2,
-        "training": MINI_TRAINING,
+        "training": MINIATURE_TRAINING,
     }
     return PipelineParams.model_validate(values | overrides)
 
@@ -72,7 +49,7 @@ def stage_runs(tracking_uri, parent_run_id):
 
 
 def test_full_flow_leaves_runs_metrics_artifacts_registry_and_prefect_artifacts(
-    prefect_home, ray_token, mlflow_root, starter_model_dir, local_ray_address
+    prefect_api, ray_token, mlflow_root, starter_model_dir, local_ray_address, local_ray_head
 ):
     from prefect.client.orchestration import get_client
 
@@ -99,6 +76,8 @@ def test_full_flow_leaves_runs_metrics_artifacts_registry_and_prefect_artifacts(
     versions = client.search_model_versions("name = 'maze-vlm'")
     assert [v.run_id for v in versions] == [runs["merge_lora"].info.run_id]
     assert checkpoints.read_marker(mlflow_root / "runs" / summary.run_id / "checkpoints") == 2
+    local_summary = json.loads((mlflow_root / "runs" / summary.run_id / "summary.json").read_text())
+    assert local_summary["mlflow_run_id"] == summary.mlflow_run_id and local_summary["final"] == summary.final
 
     async def artifact_keys():
         async with get_client() as prefect:
@@ -107,6 +86,8 @@ def test_full_flow_leaves_runs_metrics_artifacts_registry_and_prefect_artifacts(
     import asyncio
 
     keys = asyncio.run(artifact_keys())
+    exported = requests.get(local_ray_head.metrics_url, timeout=10).text
+    assert "ray_mazerl_train_reward_mean" in exported, "the trainer's Ray gauges feed the Grafana dashboard"
     assert {
         "pipeline-summary",
         "baseline-eval-results",
@@ -138,7 +119,7 @@ def flow_run_record(flow_run_id):
 
 
 def test_second_run_on_the_same_model_reuses_the_baseline(
-    prefect_home, ray_token, mlflow_root, starter_model_dir, local_ray_address
+    prefect_api, ray_token, mlflow_root, starter_model_dir, local_ray_address
 ):
     from flows.pipeline import pipeline
 
@@ -159,11 +140,11 @@ def test_second_run_on_the_same_model_reuses_the_baseline(
 
 
 def test_training_job_killed_mid_run_is_retried_and_resumes(
-    prefect_home, ray_token, mlflow_root, starter_model_dir, local_ray_address
+    prefect_api, ray_token, mlflow_root, starter_model_dir, local_ray_address
 ):
     from flows.pipeline import pipeline
 
-    training = MINI_TRAINING | {"steps": 4}
+    training = MINIATURE_TRAINING | {"steps": 4}
     params = mini_params(mlflow_root, starter_model_dir, local_ray_address, training=training, train_retries=2)
     killed = {}
 
@@ -193,7 +174,7 @@ def test_training_job_killed_mid_run_is_retried_and_resumes(
     assert steps.count(killed["step"]) == 1 and steps.count(4) == 1, f"a completed step was trained twice: {steps}"
 
 
-def test_invalid_parameters_fail_before_any_stage(prefect_home, tmp_path):
+def test_invalid_parameters_fail_before_any_stage(prefect_api, tmp_path):
     from flows.pipeline import pipeline
 
     root = tmp_path / "root"

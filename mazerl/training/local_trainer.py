@@ -293,13 +293,10 @@ class LocalGRPOTrainer:
     # ---- one step --------------------------------------------------------------------
 
     def _rollout(self, step: int) -> list[Any]:
-        from mazerl.policy.engines import GenerationSettings, HFEngine
-        from mazerl.policy.episodes import run_episodes
+        from mazerl.policy.engines import GenerationSettings
 
         config = self.config
         indices = step_indices(step, config.mazes_per_step, len(self.pool), config.seed)
-        layouts = [self.pool[i][1] for i in indices for _ in range(config.group_size)]
-        maze_ids = [f"train/{self.pool[i][0]}" for i in indices for _ in range(config.group_size)]
         settings = GenerationSettings(
             greedy=False,
             temperature=config.grpo.temperature,
@@ -307,20 +304,31 @@ class LocalGRPOTrainer:
             max_new_tokens=config.grpo.max_new_tokens,
             seed=step_seed(config.seed, step),
         )
+        return self._play(
+            [self.pool[i][1] for i in indices for _ in range(config.group_size)],
+            settings,
+            config.max_turns,
+            maze_ids=[f"train/{self.pool[i][0]}" for i in indices for _ in range(config.group_size)],
+            format_bonus=config.grpo.format_bonus,
+        )
+
+    def _play(self, layouts: list[Any], settings: Any, max_moves: int, **options: Any) -> list[Any]:
+        """Episodes of the current policy (adapter merged into a copy) on ``layouts``, batched per turn."""
+        from mazerl.policy.engines import HFEngine
+        from mazerl.policy.episodes import run_episodes
+
         with torch.no_grad():
-            episodes = run_episodes(
+            return run_episodes(
                 HFEngine(self._inference_model(), self.processor, max_batch_size=128),
                 self.processor,
                 layouts,
                 settings,
-                maze_ids=maze_ids,
-                max_moves=config.max_turns,
-                action_format=config.action_format,
+                max_moves=max_moves,
+                action_format=self.config.action_format,
                 cell_px=self.eval_set.cell_px,
-                history_images=config.history_images,
-                format_bonus=config.grpo.format_bonus,
+                history_images=self.config.history_images,
+                **options,
             )
-        return episodes
 
     def _inference_model(self) -> torch.nn.Module:
         """A throw-away copy with the adapter folded into the weights, for generation.
@@ -333,23 +341,12 @@ class LocalGRPOTrainer:
 
     def _greedy_eval(self) -> dict[str, float]:
         """Greedy success on the (first ``eval_mazes`` of the) eval set with the current adapter."""
-        from mazerl.policy.engines import GenerationSettings, HFEngine
-        from mazerl.policy.episodes import run_episodes
+        from mazerl.policy.engines import GenerationSettings
 
         config = self.config
         layouts = list(self.eval_set.layouts[: config.eval_mazes or len(self.eval_set)])
         settings = GenerationSettings(greedy=True, max_new_tokens=config.grpo.max_new_tokens)
-        with torch.no_grad():
-            episodes = run_episodes(
-                HFEngine(self._inference_model(), self.processor, max_batch_size=128),
-                self.processor,
-                layouts,
-                settings,
-                max_moves=self.eval_set.max_moves,
-                action_format=config.action_format,
-                cell_px=self.eval_set.cell_px,
-                history_images=config.history_images,
-            )
+        episodes = self._play(layouts, settings, self.eval_set.max_moves)
         solved = [e for e in episodes if e.solved]
         return {
             "eval/success_rate": len(solved) / len(episodes),
