@@ -34,6 +34,19 @@ def newest_run(root: Path) -> Path:
     return max(done, key=lambda p: (p / "summary.json").stat().st_mtime)
 
 
+def baseline_on_subset(root: Path, run_dir: Path, base_model: str, count: int | None) -> float | None:
+    """The baseline's greedy success on the first ``count`` mazes (what the periodic evals play):
+    from this run's baseline eval, or the cached one it reused (same base model directory)."""
+    candidates = [run_dir / "eval" / "baseline", *sorted((root / "runs").glob("*/eval/baseline"))]
+    for folder in candidates:
+        summary = folder / "summary.json"
+        if summary.is_file() and json.loads(summary.read_text()).get("model_dir") == base_model:
+            rows = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines() if line.strip()]
+            played = sorted(rows, key=lambda row: row["index"])[:count]
+            return sum(row["solved"] for row in played) / len(played)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=Path(".mazerl"), help="data root of the run")
@@ -54,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     shutil.copyfile(run_dir / "learning_curve" / "learning_curve.png", image)
 
     grpo = config["grpo"]
-    eval_note = f"greedy on the first {config['eval_mazes']} eval mazes" if config.get("eval_mazes") else "greedy"
+    subset = baseline_on_subset(args.root, run_dir, config["base_model"], config.get("eval_mazes"))
+    eval_note = f"the first {config['eval_mazes']} eval mazes" if config.get("eval_mazes") else "the eval set"
+    if subset is not None:
+        eval_note += f" (the starter's greedy success there: {subset:.3f})"
     gain = summary["final"] - summary["baseline"]
     table = curve_table(history, summary["baseline"], summary["final"]).split("\n", 2)[2]
     wall = f"{args.wall_seconds / 60:.1f} min for the whole command; " if args.wall_seconds else ""
@@ -62,10 +78,10 @@ def main(argv: list[str] | None = None) -> int:
 
 The starter (`maze-starter-v1`) trained by GRPO with the embedded recipe
 (`mazerl.params.EMBEDDED_TRAINING`): {config["steps"]} steps of {config["mazes_per_step"]} mazes x
-{grpo["samples_per_maze"]} samples, learning rate {config["learning_rate"]:g}, {grpo["update_epochs"]} update
-epochs, temperature {grpo["temperature"]:g}, LoRA rank {config["lora"]["rank"]}, {config["history_images"]} image
-in the context, {config["max_turns"]}-move budget. Baseline and final: greedy on every maze
-of `{config["eval_set"]}` (none of them in the training pool).
+{grpo["samples_per_maze"]} samples, learning rate {config["learning_rate"]:g}, update epochs per step:
+{grpo["update_epochs"]}, temperature {grpo["temperature"]:g}, LoRA rank {config["lora"]["rank"]}, frames in the
+context: {config["history_images"]}, move budget: {config["max_turns"]}. Baseline and final: greedy on every
+maze of `{config["eval_set"]}` (none of them in the training pool).
 
 | | greedy success |
 | --- | ---: |
@@ -74,14 +90,14 @@ of `{config["eval_set"]}` (none of them in the training pool).
 | budget ceiling | {summary["budget_ceiling"]:.1%} |
 
 Per maze: {summary["fixed"]} fixed, {summary["broken"]} broken, {summary["still_failing"]} still failing;
-exact McNemar p = {summary["mcnemar_p"]:.2g}. Training: {trained["wall_seconds"] / 60:.1f} min wall
+exact McNemar p = {summary["mcnemar_p"]:.2g} (paired per-maze outcomes). Training: {trained["wall_seconds"] / 60:.1f} min wall
 ({step_seconds / 60:.1f} min in the steps, the rest in the periodic evals and loading); {wall}
 {summary["decision"]}
 
 ![learning curve](img/embedded_learning_curve.png)
 
-Sampled success: the step's own training rollouts (temperature {grpo["temperature"]:g}, noisy);
-greedy: {eval_note}, every {config["eval_interval"]} steps.
+Sampled success: the step's own training rollouts (temperature {grpo["temperature"]:g}; each step
+draws other mazes, so it is noisy). Greedy eval: {eval_note}, every {config["eval_interval"]} steps.
 
 {table}"""
     write_section("embedded_result", body)

@@ -29,6 +29,8 @@ def pipeline(params: PipelineParams = PipelineParams()) -> PipelineSummary:  # n
         eval_set=run.eval_set, workers=params.eval_workers, max_mazes=params.max_eval_mazes, gif_count=params.gif_count
     )
     baseline = baseline_eval(run, settings)
+    if not baseline.summary_path.is_file():  # the cached report's run directory was deleted: evaluate anew
+        baseline = baseline_eval.with_options(refresh_cache=True)(run, settings)
     record_eval(run, "baseline_eval", baseline)
     trained = train.with_options(retries=params.train_retries)(run, params)
     merged = merge(run, trained, params)

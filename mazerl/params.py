@@ -82,16 +82,16 @@ MINIATURE_TRAINING: dict[str, Any] = {
 # The embedded learning recipe (docs/performance.md has its measured curve).
 EMBEDDED_TRAINING: dict[str, Any] = {
     "history_images": 1,
-    "steps": 40,
-    "mazes_per_step": 8,
+    "steps": 32,
+    "mazes_per_step": 16,
     "train_pool_size": 512,
     "learning_rate": 1e-3,
-    "checkpoint_interval": 10,
+    "checkpoint_interval": 8,
     "checkpoints_kept": 2,
-    "eval_interval": 10,
+    "eval_interval": 8,
     "eval_mazes": 64,
     "torch_threads": 2,
-    "grpo": {"samples_per_maze": 8, "update_epochs": 2, "temperature": 0.7, "max_new_tokens": 12},
+    "grpo": {"samples_per_maze": 8, "update_epochs": 1, "temperature": 0.7, "max_new_tokens": 12},
 }
 
 

@@ -6,6 +6,7 @@ One flow run takes a minute or two on 2 cores: the reduced starter, 4 eval mazes
 
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -118,7 +119,7 @@ def flow_run_record(flow_run_id):
     return asyncio.run(read())
 
 
-def test_second_run_on_the_same_model_reuses_the_baseline(
+def test_second_run_on_the_same_model_reuses_the_baseline_unless_its_files_are_gone(
     prefect_api, ray_token, mlflow_root, starter_model_dir, local_ray_address
 ):
     from flows.pipeline import pipeline
@@ -137,6 +138,11 @@ def test_second_run_on_the_same_model_reuses_the_baseline(
     runs = stage_runs(second.tracking_uri, second.mlflow_run_id)
     assert "eval/success_rate" in runs["baseline_eval"].data.metrics, "the reused report is logged in the new run"
     assert runs["baseline_eval"].data.tags["mazerl.reused_eval_dir"].endswith(f"{first.run_id}/eval/baseline")
+    # and when the cached report's run directory is deleted, the next run evaluates again instead of failing.
+    shutil.rmtree(mlflow_root / "runs" / first.run_id)
+    third = pipeline(params)
+    assert (mlflow_root / "runs" / third.run_id / "eval" / "baseline" / "summary.json").is_file()
+    assert third.baseline == first.baseline
 
 
 def test_training_job_killed_mid_run_is_retried_and_resumes(
