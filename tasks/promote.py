@@ -123,9 +123,9 @@ def promote_model(
     client = MlflowClient(run.tracking_uri)
     summary_json = scrub_text(json.dumps(asdict(summary), indent=2))
     client.log_text(run.pipeline_run_id, summary_json, "summary.json")
-    local_copy = run.run_dir / "summary.json"  # beside the run's files, for scripts (bench/embedded_result.py)
-    local_copy.with_name(".summary.json.tmp").write_text(summary_json)
-    local_copy.with_name(".summary.json.tmp").replace(local_copy)
+    tmp = run.run_dir / ".summary.json.tmp"  # a copy beside the run's files, for scripts (bench/embedded_result.py)
+    tmp.write_text(summary_json)
+    tmp.replace(run.run_dir / "summary.json")
     for key, value in {
         "baseline/success_rate": baseline.success_rate,
         "final/success_rate": final.success_rate,

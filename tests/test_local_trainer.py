@@ -142,9 +142,9 @@ def test_config_errors_exit_with_code_2(tmp_path, starter_model_dir):
 def test_mini_batches_hold_whole_groups_in_rollout_order():
     from mazerl.training.local_trainer import TurnSample, mini_batches
 
-    samples = [TurnSample([1], [], [2], 0.5, maze) for maze in (7, 7, 3, 3, 3, 9, 5, 5)]
+    samples = [TurnSample([1], [], [2], 0.5, f"train/{maze}") for maze in (7, 7, 3, 3, 3, 9, 5, 5)]
     batches = mini_batches(samples, 2)
-    assert [[s.maze_id for s in batch] for batch in batches] == [[7, 7, 3, 3, 3], [9, 5, 5]]
+    assert [[s.maze_id[6:] for s in batch] for batch in batches] == [["7", "7", "3", "3", "3"], ["9", "5", "5"]]
     assert mini_batches(samples, None) == [samples]
 
 

@@ -81,7 +81,7 @@ class TurnSample:
     images: list[np.ndarray]
     response_ids: list[int]
     advantage: float
-    maze_id: int = 0  # the GRPO group; mini-batches hold whole groups
+    maze_id: str = ""  # the GRPO group (its maze); mini-batches hold whole groups
 
 
 def step_seed(seed: int, step: int) -> int:
