@@ -54,6 +54,7 @@ class EvalReport:
     episodes_per_second: float
     model_digest: str
     eval_set_digest: str
+    avg_moves: float | None = None  # moves per maze, solved or not; None in summaries written before it
 
     def metrics(self) -> dict[str, float]:
         """MLflow metrics (design section 5 names)."""
@@ -61,7 +62,7 @@ class EvalReport:
             "eval/success_rate": self.success_rate,
             "eval/success_ci95_low": self.success_ci95[0],
             "eval/success_ci95_high": self.success_ci95[1],
-            "eval/avg_moves": self.mean_moves_solved if self.mean_moves_solved is not None else 0.0,
+            "eval/avg_moves": self.avg_moves if self.avg_moves is not None else 0.0,
             "eval/parse_failure_rate": self.parse_failure_rate,
             "eval/budget_ceiling": self.budget_ceiling,
             "eval/episodes_per_second": self.episodes_per_second,

@@ -63,6 +63,7 @@ def summarize(rows: Sequence[dict[str, Any]], budget_ceiling: float) -> dict[str
         "solved": len(solved),
         "success_rate": len(solved) / n if n else 0.0,
         "success_ci95": [low, high],
+        "avg_moves": moves / n if n else 0.0,  # per maze, solved or not (MLflow's eval/avg_moves)
         "mean_moves_solved": sum(row["moves"] for row in solved) / len(solved) if solved else None,
         "moves_over_optimal": sum(ratios) / len(ratios) if ratios else None,
         "parse_failure_rate": sum(row["parse_failures"] for row in rows) / moves if moves else 0.0,

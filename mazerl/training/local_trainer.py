@@ -350,7 +350,7 @@ class LocalGRPOTrainer:
         solved = [e for e in episodes if e.solved]
         return {
             "eval/success_rate": len(solved) / len(episodes),
-            "eval/avg_moves": float(np.mean([e.moves for e in solved])) if solved else 0.0,
+            "eval/avg_moves": float(np.mean([e.moves for e in episodes])),  # per maze, solved or not
             "eval/parse_failure_rate": sum(e.parse_failures for e in episodes) / max(sum(e.moves for e in episodes), 1),
         }
 
