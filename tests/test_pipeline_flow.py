@@ -13,7 +13,6 @@ import time
 
 import psutil
 import pytest
-import requests
 from mlflow.tracking import MlflowClient
 
 from mazerl.params import MINIATURE_TRAINING, PipelineParams
@@ -50,7 +49,7 @@ def stage_runs(tracking_uri, parent_run_id):
 
 
 def test_full_flow_leaves_runs_metrics_artifacts_registry_and_prefect_artifacts(
-    prefect_api, ray_token, mlflow_root, starter_model_dir, local_ray_address, local_ray_head
+    prefect_api, ray_token, mlflow_root, starter_model_dir, local_ray_address
 ):
     from prefect.client.orchestration import get_client
 
@@ -87,8 +86,6 @@ def test_full_flow_leaves_runs_metrics_artifacts_registry_and_prefect_artifacts(
     import asyncio
 
     keys = asyncio.run(artifact_keys())
-    exported = requests.get(local_ray_head.metrics_url, timeout=10).text
-    assert "ray_mazerl_train_reward_mean" in exported, "the trainer's Ray gauges feed the Grafana dashboard"
     assert {
         "pipeline-summary",
         "baseline-eval-results",
