@@ -266,6 +266,7 @@ def test_checkpoint_write_failing_with_simulated_os_error_is_clear_keeps_the_pre
 # (d) The Ray head gone when a stage starts
 # --------------------------------------------------------------------------------------
 
+FOUR_STEPS = MINIATURE_TRAINING | {"steps": 4}  # long enough to be caught mid-run
 FLOW_SCRIPT = textwrap.dedent(
     """
     import json, sys
@@ -323,7 +324,7 @@ def test_prefect_process_killed_while_training_then_the_flow_run_rerun_reattache
         "max_eval_mazes": 2,
         "eval_workers": 1,
         "gif_count": 0,
-        "training": MINIATURE_TRAINING,
+        "training": FOUR_STEPS,
     }
     env = os.environ | {
         "PREFECT_API_URL": prefect_api["url"],
@@ -433,7 +434,7 @@ def test_ray_head_gone_when_the_train_stage_starts_is_a_retryable_error_naming_t
     runs = start_pipeline_run(uri, flow_run_id="gone-head")
     params = PipelineParams.model_validate(
         {"base_model": str(starter_model_dir), "data_root": str(mlflow_root), "ray_address": address}
-        | {"eval_set": "maze256-small-v1", "training": MINIATURE_TRAINING}
+        | {"eval_set": "maze256-small-v1", "training": FOUR_STEPS}
     )
     context = RunContext(
         run_id="gone-head",
