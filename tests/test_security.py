@@ -10,6 +10,7 @@ the Ray job records.
 from __future__ import annotations
 
 import ast
+import ipaddress
 import json
 import os
 import secrets
@@ -25,7 +26,6 @@ import torch
 from mazerl.params import MINIATURE_TRAINING
 
 PROJECT = Path(__file__).resolve().parents[1]
-LOOPBACK = {"127.0.0.1", "::1"}
 
 
 def fake_secrets() -> dict[str, str]:
@@ -95,6 +95,12 @@ class ListeningSockets(threading.Thread):
                         name = "?"
                     self.seen.add((name, conn.laddr.ip, conn.laddr.port))
             self.done.wait(0.5)
+
+
+def is_loopback(address: str) -> bool:
+    """127.0.0.0/8, ::1, or an IPv4-mapped IPv6 loopback (::ffff:127.0.0.1: Ray's gRPC servers bind so)."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
 
 
 def files_holding(paths, values: dict[str, str]) -> list[str]:
@@ -178,7 +184,7 @@ def test_no_secret_reaches_any_output_of_a_pipeline_run_and_every_server_listens
     # and every socket the run's processes listened on (Prefect's server, Ray, its jobs) was on loopback.
     names = {name for name, _, _ in sockets.seen}
     assert sockets.seen and any("python" in name for name in names), sockets.seen
-    exposed = sorted(entry for entry in sockets.seen if entry[1] not in LOOPBACK)
+    exposed = sorted(entry for entry in sockets.seen if not is_loopback(entry[1]))
     assert exposed == [], f"listening beyond 127.0.0.1: {exposed}"
 
 
