@@ -5,7 +5,7 @@
 Eval: ``mazerl.evaluation.evaluate`` with one worker on the first 32, 64 and 128 mazes of the
 embedded set, in one Ray instance started beforehand (so Ray's start-up is not in the numbers);
 the rollout time is mazes / episodes-per-second, the wall time adds the worker's model load.
-Training: the local engine with the embedded recipe's settings (15-turn budget, one image in
+Training: the local engine with fixed settings of its own (15-turn budget, one image in
 the context, 12-token replies, 2 update epochs, 2 threads), 3 steps per configuration, the mean
 of steps 2-3 (step 1 pays one-off allocations): mazes per step 2, 4, 8 at group size 4, and group
 size 4, 8, 16 at 2 mazes per step.
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
 Model `{model.name}` on `maze256-small-v1`, CPU. Eval: one worker (hf engine, chunks of 32 mazes batched
 per turn), Ray started once beforehand; rollout = mazes / episodes-per-second, wall adds the worker's
-model load. Training: the local engine with the embedded recipe's per-step settings (15-turn budget,
+model load. Training: the local engine with fixed settings of its own (15-turn budget,
 one image in context, 12-token replies, 2 update epochs, 2 threads); mean of steps 2-3 of a fresh run.
 
 {table(eval_rows, "| mazes | rollout s | wall s |")}
