@@ -175,7 +175,9 @@ class TrainConfig(StrictModel):
     @classmethod
     def _positive_lr(cls, value: float) -> float:
         if not value > 0:
-            raise ValueError(f"learning_rate ({value}) must be > 0; the embedded recipe uses 1e-3, the TrainConfig default is 1e-4")
+            raise ValueError(
+                f"learning_rate ({value}) must be > 0; the embedded recipe uses 1e-3, the TrainConfig default is 1e-4"
+            )
         return value
 
     @field_validator("run_id")
