@@ -14,6 +14,7 @@ from mazerl.params import PipelineParams
 PREFECT_YAML = Path(__file__).parents[1] / "prefect.yaml"
 PLACEHOLDER = re.compile(r"\{\{\s*\$(\w+)\s*\}\}")
 FAKE_ENV = {
+    "AWS_REGION": "us-west-2",
     "MLFLOW_TRACKING_URI": "http://mlflow.mazerl.svc.cluster.local:5000",
     "HYPERPOD_CLUSTER_NAME": "ml-cluster",
     "MAZERL_IMAGE": "123456789012.dkr.ecr.us-west-2.amazonaws.com/mazerl:0.1.0",
