@@ -251,11 +251,32 @@ def test_grafana_dashboard_queries_only_metrics_that_exist():
     assert "ray_node_gpus_utilization" in used, "GPU utilisation from Ray's node metrics"
 
 
-def test_grafana_dashboard_imports_into_managed_grafana():
+def grafana_import(dashboard: dict, answers: dict[str, str]):
+    """What Grafana's importer does with the answers to ``__inputs`` (its DashTemplateEvaluator): every
+    ``${NAME}`` of an input, in every string, becomes the answer; other ``${...}`` stay; ``__inputs`` goes."""
+
+    def evaluate(value):
+        if isinstance(value, str):
+            return re.sub(r"\$\{.+?\}", lambda m: answers.get(m.group(0)[2:-1], m.group(0)), value)
+        if isinstance(value, list):
+            return [evaluate(item) for item in value]
+        if isinstance(value, dict):
+            return {key: evaluate(item) for key, item in value.items() if key != "__inputs"}
+        return value
+
+    return evaluate(dashboard)
+
+
+def test_grafana_dashboard_imports_into_managed_grafana_with_the_chosen_data_source():
     dashboard = json.loads((OBSERVABILITY / "mazerl-training-dashboard.json").read_text())
-    assert dashboard["__inputs"][0]["pluginId"] == "prometheus", "AMG asks for the AMP data source on import"
-    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    (source_input,) = dashboard["__inputs"]
+    assert source_input["pluginId"] == "prometheus", "AMG asks for the AMP data source on import"
+    imported = grafana_import(dashboard, {source_input["name"]: "amp-workspace-uid"})
+    assert imported != {k: v for k, v in dashboard.items() if k != "__inputs"}, "the import input is used somewhere"
+    variables = {v["name"]: v for v in imported["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert variables["datasource"]["current"]["value"] == "amp-workspace-uid", "the answer selects the data source"
+    dashboard = imported
     for panel in dashboard["panels"]:
         if panel["type"] != "row":
             assert panel["datasource"]["uid"] == "${datasource}", f"{panel['title']}: no hard-wired data source"
