@@ -7,6 +7,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def pytest_report_header(config) -> str:
+    """The library stack under test (`make test-image-stack` runs the cluster image's)."""
+    import importlib.metadata
+
+    names = ("torch", "ray", "transformers", "peft")
+    return "stack: " + ", ".join(f"{name} {importlib.metadata.version(name)}" for name in names)
+
+
 # --------------------------------------------------------------------------------------
 # Shared model fixture (policy runtime). Any suite may request it.
 # --------------------------------------------------------------------------------------

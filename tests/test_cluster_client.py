@@ -16,6 +16,9 @@ import yaml
 from mazerl.cluster.client import job_client, parse_address
 from mazerl.cluster.errors import ClusterAccessError, ConfigError, RetryableJobError
 
+# Ray's client address handling, on the Ray the image ships too (`make test-image-stack`).
+pytestmark = pytest.mark.image_stack
+
 
 @pytest.mark.parametrize(
     ("given", "value", "scheme"),

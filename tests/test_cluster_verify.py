@@ -14,6 +14,9 @@ from mazerl.cluster.report import CheckRow, ClusterNotReadyError, ClusterReport
 from mazerl.cluster.verify import requirements_for, verify_cluster
 from mazerl.training.config import TrainConfig
 
+# The probe job through Ray's job client, on the Ray the image ships too (`make test-image-stack`).
+pytestmark = pytest.mark.image_stack
+
 EMBEDDED_ROWS = {
     "ray.address",
     "ray.probe_job",

@@ -17,6 +17,9 @@ from mazerl.tracking import merge
 from mazerl.tracking.merge import MergeError, merge_adapter, merge_lora
 from mazerl.training import checkpoints
 
+# The PEFT merge and transformers' save/load, on the versions the image ships too (`make test-image-stack`).
+pytestmark = pytest.mark.image_stack
+
 TARGETS = r".*language_model.*\.(q_proj|v_proj|down_proj)"  # the trainer's pattern, three module kinds
 QUIET = {"log": lambda _: None}
 

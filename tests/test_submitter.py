@@ -28,6 +28,9 @@ from mazerl.cluster.submitter import (
     submit_training,
 )
 
+# Ray's job client against a Ray head, on the Ray the image ships too (`make test-image-stack`).
+pytestmark = pytest.mark.image_stack
+
 SCRIPTS = {
     "ok.py": """
         import time
