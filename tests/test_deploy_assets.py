@@ -622,3 +622,44 @@ def test_iam_policy_allows_exactly_the_sagemaker_calls_the_hyperpod_rows_make_mo
         "sts:AssumeRole",
         "sts:TagSession",
     }, "EKS Pod Identity's trust policy"
+
+
+def aws_cli_commands() -> list[list[str]]:
+    """Every ``aws <service> <command> ...`` in docs/hyperpod.md's code blocks, as words (continuation lines joined)."""
+    blocks = re.findall(r"```bash\n(.*?)```", DOCS.read_text(), flags=re.DOTALL)
+    lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
+    commands = []
+    for line in lines:
+        # comments and quotes dropped: a "$(aws ...)" inside an argument is split out as a command of its own
+        line = re.sub(r"(^|\s)#.*$", "", line).replace('"', "")
+        for part in re.split(r"\$\(|\||&&|;|\)", line):
+            words = shlex.split(part)
+            if words[:1] == ["aws"]:
+                commands.append(words)
+    return commands
+
+
+# Commands of the AWS CLI that are its own, not an API operation, with the options they take.
+CLI_ONLY = {("ecr", "get-login-password"): set(), ("eks", "update-kubeconfig"): {"name", "region"}}
+CLI_GLOBAL = {"query", "output", "region", "profile", "no-cli-pager"}
+
+
+def test_every_aws_command_in_the_walkthrough_is_a_real_operation_with_real_options():
+    import botocore.session
+    from botocore import xform_name
+
+    session = botocore.session.get_session()
+    commands = aws_cli_commands()
+    assert len(commands) >= 5, "the walkthrough creates the IAM role and the Pod Identity associations"
+    for words in commands:
+        service, command = words[1], words[2]
+        options = {w[2:].split("=")[0] for w in words[3:] if w.startswith("--")} - CLI_GLOBAL
+        if (service, command) in CLI_ONLY:
+            assert options <= CLI_ONLY[service, command], words
+            continue
+        model = session.get_service_model(service)
+        operations = {xform_name(name, "-"): name for name in model.operation_names}
+        assert command in operations, f"aws {service} {command}: no such operation"
+        members = model.operation_model(operations[command]).input_shape.members
+        known = {xform_name(name, "-") for name in members}
+        assert options <= known, f"aws {service} {command}: unknown options {sorted(options - known)}"
