@@ -31,6 +31,8 @@ OBSERVABILITY = ROOT / "deployments" / "observability"
 DOCKERFILE = ROOT / "deployments" / "docker" / "Dockerfile"
 DOCS = ROOT / "docs" / "hyperpod.md"
 PLACEHOLDER = re.compile(r"\$\{([A-Z][A-Z0-9_]*)\}")
+# What envsubst replaces when it is given no list of names: every $NAME and ${NAME}.
+ENVSUBST_REFERENCE = re.compile(r"\$(?:\{(\w+)\}|([A-Za-z_]\w*))")
 
 # Capacities of the reference instance types (docs/hyperpod.md cites the sources).
 INSTANCES = {
@@ -98,6 +100,18 @@ def test_every_placeholder_is_documented_and_every_documented_one_is_used():
     assert used, "the manifests use placeholders for site-specific values"
     assert used - documented == set(), f"placeholders missing from the table in {DOCS.name}"
     assert documented - used == set(), "the table documents placeholders no file uses"
+
+
+def test_files_applied_through_envsubst_reference_only_placeholders():
+    """envsubst fills every $NAME it meets, so a shell variable in an embedded script would become ''."""
+    for path in [*K8S.glob("*.yaml"), *AWS.glob("*.json")]:
+        for match in ENVSUBST_REFERENCE.finditer(path.read_text()):
+            assert match.group(1), (
+                f"{path.name}: {match.group(0)} would be emptied by envsubst; write ${{...}} placeholders only"
+            )
+            assert match.group(1) in documented_placeholders(), (
+                f"{path.name}: {match.group(0)} is not a documented placeholder"
+            )
 
 
 def test_raycluster_is_a_kuberay_cluster_with_token_auth(raycluster):
@@ -514,7 +528,7 @@ def test_head_hands_a_root_owned_shared_volume_to_the_image_user_before_ray_star
     script = "\n".join(init["args"])
     owner = image_user()
     assert f"chown {owner} /shared" in script and "chown -R" not in script, "the top directory only (a big volume)"
-    assert f'"$owner" = "{owner}"' in script, "nothing to do when it is already theirs"
+    assert f'[ "$(stat -c %u:%g /shared)" = "{owner}" ]' in script, "nothing to do when it is already theirs"
     shared_volume = next(
         v["name"] for v in head["volumes"] if v.get("persistentVolumeClaim", {}).get("claimName") == SHARED_CLAIM
     )
