@@ -26,6 +26,7 @@ def run_stage_job(
     *,
     env_vars: dict[str, str] | None = None,
     hang_timeout_s: float | None = None,
+    progress_probe: Callable[[], object] | None = None,
     on_line: Callable[[str], None] | None = None,
 ) -> JobOutcome:
     """Submit (or re-attach to) ``python -m module --config config_path`` and follow it to its end."""
@@ -46,6 +47,7 @@ def run_stage_job(
         headers=ray_headers(context.ray_address),
         log=log,
         hang_timeout_s=hang_timeout_s,
+        progress_probe=progress_probe,
     ) as job:
         logger.info(
             f"{stage}: Ray job {job.submission_id} at {context.ray_address}"

@@ -19,8 +19,9 @@ What it guarantees (design section 4):
   address that stops answering (for longer than ``unreachable_grace_s``) ->
   :class:`RetryableJobError` naming the address; the training retry resumes from its checkpoint.
 - **Hung jobs are stopped.** With ``hang_timeout_s``, a RUNNING job whose progress probe
-  (default: the largest ``step N`` seen in its log; or :class:`CheckpointProbe`) does not
-  advance for that long is stopped and reported as retryable "hung". Works on any Ray cluster.
+  (default: :class:`~mazerl.training.progress.TrainingProgress`, the last ``step N/M:`` line
+  both training backends print) does not advance for that long is stopped and reported as
+  retryable "hung". Works on any Ray cluster.
 - **Cancelling the caller stops the job.** Any exception leaving :meth:`RayJob.wait` inside
   the ``with`` block (KeyboardInterrupt, task cancellation, an error in ``log``) stops the Ray
   job. A caller killed outright (SIGKILL) leaves it running, and the re-run re-attaches.
@@ -55,6 +56,7 @@ from urllib.parse import urlparse
 
 from mazerl.cluster.client import job_client, parse_address
 from mazerl.cluster.errors import ConfigError, JobConfigError, RetryableJobError
+from mazerl.training.progress import TrainingProgress
 
 logger = logging.getLogger(__name__)
 
@@ -151,47 +153,6 @@ def _merged_runtime_env(runtime_env: dict[str, Any] | None, env_vars: dict[str, 
     return merged or None
 
 
-# --- progress probes ----------------------------------------------------------------------
-
-
-class LogStepProbe:
-    """Progress = the largest step number seen so far in the job's log lines.
-
-    The submitter feeds it every line (anything with a ``feed`` method is fed). The default
-    pattern matches ``step 12``, ``step=12``, ``global_step: 12``.
-    """
-
-    def __init__(self, pattern: str = r"\b(?:global_)?step[\s=:]+(\d+)"):
-        self._pattern = re.compile(pattern, re.IGNORECASE)
-        self._step: int | None = None
-
-    def feed(self, line: str) -> None:
-        for match in self._pattern.finditer(line):
-            step = int(match.group(1))
-            if self._step is None or step > self._step:
-                self._step = step
-
-    def __call__(self) -> int | None:
-        return self._step
-
-
-class CheckpointProbe:
-    """Progress = the step named by the checkpoint marker (``latest_ckpt_global_step.txt``).
-
-    Only for a checkpoint directory this process can read (the embedded run, or a client
-    with the shared mount); otherwise use the log probe.
-    """
-
-    def __init__(self, checkpoint_dir: str | Path, marker: str = "latest_ckpt_global_step.txt"):
-        self._marker = Path(checkpoint_dir) / marker
-
-    def __call__(self) -> int | None:
-        try:
-            return int(self._marker.read_text().strip())
-        except (OSError, ValueError):
-            return None
-
-
 # --- the job ------------------------------------------------------------------------------
 
 
@@ -243,7 +204,7 @@ class RayJob:
         self.headers = dict(headers) if headers else None
         self.log: LogFn = log or logger.info
         self.hang_timeout_s = hang_timeout_s
-        self.progress_probe = progress_probe or (LogStepProbe() if hang_timeout_s else None)
+        self.progress_probe = progress_probe or (TrainingProgress() if hang_timeout_s else None)
         self.poll_s = poll_s
         self.unreachable_grace_s = unreachable_grace_s
         self.entrypoint_num_cpus = entrypoint_num_cpus

@@ -13,6 +13,9 @@ What it does, in the order it runs (SkyRL's VisGym entrypoint, plus our checks):
 5. One Ray task registers ``maze2d`` (the generator builds envs by id in that process),
    opens our MLflow ``train`` run, and runs ``BasePPOExp`` (its ``run()`` calls
    ``asyncio.run``, so it needs a thread with no event loop: a plain Ray task has none).
+   Its tracker also prints ``step N/M: ...`` for every finished step
+   (:mod:`mazerl.training.progress`): with ``trainer.logger=mlflow`` SkyRL prints no step
+   line itself, and the hang watchdog and the progress artifact read that line.
 6. Check that the marker names the final step; anything less is a failure, never a success.
 
 Exit codes: 0 success (or already complete); 2 configuration error, never worth a retry
@@ -42,6 +45,7 @@ from pydantic import ValidationError
 
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, load_config
+from mazerl.training.progress import tracker_hook
 from mazerl.training.skyrl_backend import (
     add_metric_aliases,
     build_overrides,
@@ -88,30 +92,36 @@ def completed_step(config: TrainConfig) -> int | None:
     return None if latest is None else latest.step
 
 
+def wire_tracker(tracker: Any, cfg: Any) -> Any:
+    """SkyRL's ``Tracking`` with our additions to every ``log`` call: our metric names (design
+    section 5), the Grafana gauges, and the ``step N/M:`` line of each finished step (the source
+    the hang watchdog and the progress artifact read; SkyRL prints none with ``logger=mlflow``)."""
+    from mazerl.cluster.metrics import TrainingMetrics
+
+    report = tracker_hook(tracker.log, total_steps=int(cfg.trainer.max_training_steps))
+    gauges = TrainingMetrics(run_id=str(cfg.trainer.run_name), backend="skyrl")
+
+    def log_with_aliases(data: dict, step: int, commit: bool = False) -> None:
+        named = add_metric_aliases(data)
+        report(named, step, commit=commit)
+        gauges.record(  # the Grafana dashboard's ray_mazerl_train_* series
+            step,
+            reward_mean=named.get("train/reward_mean"),
+            success_rate=named.get("train/success_rate"),
+            step_seconds=named.get("train/step_seconds"),
+        )
+
+    tracker.log = log_with_aliases
+    return tracker
+
+
 def _experiment_class() -> type:
-    """``BasePPOExp`` whose tracker also logs our metric names (design section 5)."""
+    """``BasePPOExp`` whose tracker is wired by :func:`wire_tracker`."""
     from skyrl.train.entrypoints.main_base import BasePPOExp
 
     class MazePPOExp(BasePPOExp):
         def get_tracker(self):  # noqa: ANN202 (SkyRL's Tracking)
-            from mazerl.cluster.metrics import TrainingMetrics
-
-            tracker = super().get_tracker()
-            skyrl_log = tracker.log
-            gauges = TrainingMetrics(run_id=str(self.cfg.trainer.run_name), backend="skyrl")
-
-            def log_with_aliases(data: dict, step: int, commit: bool = False) -> None:
-                named = add_metric_aliases(data)
-                skyrl_log(named, step, commit=commit)
-                gauges.record(  # the Grafana dashboard's ray_mazerl_train_* series
-                    step,
-                    reward_mean=named.get("train/reward_mean"),
-                    success_rate=named.get("train/success_rate"),
-                    step_seconds=named.get("train/step_seconds"),
-                )
-
-            tracker.log = log_with_aliases
-            return tracker
+            return wire_tracker(super().get_tracker(), self.cfg)
 
     return MazePPOExp
 
