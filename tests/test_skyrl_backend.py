@@ -181,6 +181,8 @@ def test_kl_coefficient_turns_the_kl_loss_on(tmp_path):
         ({"history_images": 2}, "history_images"),
         ({"freeze_vision": False}, "freeze_vision"),
         ({"lora": {"alpha": 16.5}}, "lora.alpha"),
+        ({"lora": {"rank": 4, "alpha": 8}}, "lora.rank"),  # vLLM serves 1, 8, 16, 32, ... only
+        ({"lora": {"rank": 48, "alpha": 96}}, "lora.rank"),
         ({"mazes_per_step": 128}, "train_pool_size"),
         ({"mazes_per_step": 3, "skyrl": {"num_gpus": 16}}, "skyrl.num_gpus"),  # 24 episodes over 16 GPUs
         ({"skyrl": {"micro_batch_size_per_gpu": 3}}, "micro_batch_size_per_gpu"),

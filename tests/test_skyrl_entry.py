@@ -91,6 +91,16 @@ def test_bad_configs_exit_2_before_writing_anything(tmp_path, capsys, changes, n
     assert not (tmp_path / "root" / "runs").exists(), "nothing may be written for a refused config"
 
 
+def test_a_lora_rank_vllm_does_not_serve_exits_2_naming_the_allowed_ranks(tmp_path, capsys):
+    # given rank 24 (vLLM 0.30's max_lora_rank allows 1, 8, 16, 32, 64, 128, 256, 320, 512),
+    path = write_config(tmp_path, lora={"rank": 24, "alpha": 48})
+    # when the entry checks the config, then it refuses before any GPU is asked for (exit 2).
+    assert main(["--config", str(path), "--dry-run"]) == EXIT_CONFIG
+    out = capsys.readouterr().out
+    assert "lora.rank (24)" in out and "1, 8, 16, 32, 64, 128, 256, 320, 512" in out, out
+    assert not (tmp_path / "root" / "runs").exists(), "nothing is written for a refused config"
+
+
 def test_missing_or_unreadable_config_file_is_a_configuration_error(tmp_path, capsys):
     assert main(["--config", str(tmp_path / "absent.yaml"), "--dry-run"]) == EXIT_CONFIG
     broken = tmp_path / "broken.yaml"

@@ -70,6 +70,14 @@ TYPE_EXCEPTIONS: dict[str, tuple[str, str]] = {
 }
 
 
+# The ranks vLLM accepts as ``max_lora_rank``: vllm 0.30.0 (the release skyrl[fsdp] 0.4 pins),
+# vllm/config/lora.py, ``MaxLoRARanks = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]``. SkyRL
+# hands ``trainer.policy.model.lora.rank`` to vLLM as ``max_lora_rank`` unchanged
+# (skyrl 0.4.0, backends/skyrl_train/inference_servers/utils.py), so any other rank fails at
+# vLLM start-up, after the GPUs were taken.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
 class SkyrlConfigError(ValueError):
     """A TrainConfig the SkyRL backend cannot run as asked (the entry exits with code 2)."""
 
@@ -129,6 +137,12 @@ def check_supported(config: TrainConfig) -> None:
         raise SkyrlConfigError(
             "freeze_vision (False) is not supported by the SkyRL backend: it trains LoRA adapters on "
             "lora.target_modules only (the language model's projections); set freeze_vision: true"
+        )
+    if config.lora.rank not in VLLM_LORA_RANKS:
+        allowed = ", ".join(map(str, VLLM_LORA_RANKS))
+        raise SkyrlConfigError(
+            f"lora.rank ({config.lora.rank}) is not a rank vLLM 0.30 serves: SkyRL passes it to vLLM as "
+            f"max_lora_rank, which must be one of {allowed}; use one of those (the reference run uses 32)"
         )
     if not float(config.lora.alpha).is_integer():
         raise SkyrlConfigError(
