@@ -176,6 +176,24 @@ def test_adapter_of_another_base_model_is_refused(starter_model_dir, trained, tm
     assert not (tmp_path / "out").exists()
 
 
+def test_skyrl_checkpoint_is_checked_against_the_base_model_record_beside_it(starter_model_dir, trained, tmp_path):
+    # given a checkpoint in SkyRL's shape (trainer_state.pt holds no fingerprint) and the record
+    # skyrl_entry keeps beside the checkpoints, naming another base model,
+    adapter = checkpoints.latest(trained).adapter_dir
+
+    def write(path: Path) -> None:
+        shutil.copytree(adapter, path / checkpoints.ADAPTER_SUBDIR)
+        checkpoints.save_trainer_state(path, {"global_step": 4, "config": {"trainer": {}}})
+
+    root = tmp_path / "skyrl-checkpoints"
+    checkpoints.save(root, 4, write, keep=2)
+    (root / checkpoints.BASE_MODEL_RECORD).write_text(json.dumps({"fingerprint": "e" * 64, "base_model": "/x"}))
+    # when it is merged into the starter, then the merge refuses it before loading anything.
+    with pytest.raises(MergeError, match=r"\(checkpoint step 4\) was trained on a base model with fingerprint eeee"):
+        merge_lora(starter_model_dir, root, tmp_path / "out", **QUIET)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [

@@ -541,10 +541,16 @@ def merge_lora(
 ) -> MergeReport:
     """Merge the adapter of the checkpoint the marker in ``checkpoints_dir`` names (options: see merge_adapter).
 
-    The checkpoint's recorded base-model fingerprint must match ``base_model_dir``.
+    The base-model fingerprint the checkpoint recorded (in its trainer state, or in
+    ``base_model.json`` beside the checkpoints) must match ``base_model_dir``.
     """
     adapter_dir, step, state = resolve_adapter(checkpoints_dir)
+    # local backend: in trainer_state.pt; SkyRL: the record its entry writes beside the checkpoints
     fingerprint = state.get("base_model_fingerprint") if isinstance(state, dict) else None
+    try:
+        fingerprint = fingerprint or checkpoints.recorded_base_fingerprint(Path(checkpoints_dir))
+    except checkpoints.CheckpointError as exc:
+        raise MergeError(str(exc)) from exc
     return merge_adapter(
         base_model_dir, adapter_dir, out_dir, checkpoint_step=step, expected_base_fingerprint=fingerprint, **options
     )

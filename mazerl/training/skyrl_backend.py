@@ -40,9 +40,12 @@ from mazerl.training.data import training_pool
 
 SCHEMA_PATH = Path(__file__).with_name("skyrl_schema.json")
 TRAIN_DATA_SOURCE = "maze2d-train"
-# SkyRL's PromptDataset filters rows whose prompt is longer than max_prompt_length tokens and
-# then ignores it: MazeTextEnv.init() builds the real first message (task text + frame).
-PLACEHOLDER_PROMPT = [{"role": "user", "content": "maze"}]
+# The ticket's prompt, as in SkyRL's VisGym example (examples/train/visgym/dataset.py): SkyRL's
+# PromptDataset tokenizes it for its max_prompt_length filter and the VLM generator hands it to
+# env.init(), where MazeTextEnv drops it and builds the real first message (task text + frame).
+# A one-word placeholder always passes the filter; the real prompt's length is bounded by
+# generator.max_input_length turn by turn.
+PLACEHOLDER_PROMPT = [{"role": "user", "content": "placeholder"}]
 
 # Our metric name -> the SkyRL 0.4 name it copies (trainer.py, generators/utils.py, evaluate.py,
 # workers/worker.py). "environment/solved" is the mean of MazeTextEnv.get_metrics()["solved"]:

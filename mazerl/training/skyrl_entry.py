@@ -6,7 +6,9 @@ What it does, in the order it runs (SkyRL's VisGym entrypoint, plus our checks):
 2. If the checkpoint marker already names the last step, print "already complete at step N"
    and exit 0 without starting anything (SkyRL itself would train one extra step, or rewrite
    the final checkpoint in place, when resumed at the end).
-3. Write the dataset tickets (parquet) under the run directory on the shared mount.
+3. Write the dataset tickets (parquet) under the run directory on the shared mount, and the
+   base model's fingerprint beside the checkpoints (``base_model.json``: SkyRL's own
+   checkpoint files do not carry it); a resume on another base model is exit 2.
 4. Build SkyRL's config with ``SkyRLTrainConfig.from_cli_overrides`` and ``validate_cfg``
    (exit 2 when SkyRL rejects it), then ``initialize_ray`` in this process, which must not
    have touched Ray before.
@@ -71,8 +73,13 @@ def task_runtime_env(tracking_uri: str, run_id: str | None, ship_code: bool) -> 
     """Runtime env of the Ray task that runs SkyRL's trainer and generator (and so our env).
 
     SkyRL forwards only ``MLFLOW_TRACKING_URI``/``MLFLOW_TRACKING_TOKEN`` to its workers, so the
-    run id travels here. ``ship_code`` uploads our ``envs`` and ``mazerl`` packages with the task,
-    so the env that plays the mazes is the submitted code even if the image holds an older copy.
+    run id travels here. ``ship_code`` uploads (``py_modules``) the ``envs`` and ``mazerl``
+    packages that *this entry process* imported, so the task, on whichever node Ray places it,
+    plays the mazes with the same code as the entry that checked the config. Which code that is
+    is decided by the job's own runtime env, not here: on a remote cluster the submitter sends
+    none, so it is the copy installed in the cluster image (the orchestrator's checkout is never
+    uploaded: rebuild the image to run changed code); on a head on the submitting machine it is
+    the submitter's checkout, put on ``PYTHONPATH``.
     """
     env_vars = {"MLFLOW_TRACKING_URI": tracking_uri}
     if run_id:
@@ -237,6 +244,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(overrides, indent=2, sort_keys=True))
         return EXIT_OK
 
+    try:  # SkyRL's trainer_state.pt has no base-model fingerprint: keep one beside the checkpoints
+        checkpoints.record_base_model(config.checkpoint_dir, config.base_model)
+    except (OSError, checkpoints.CheckpointError) as error:
+        log(f"configuration error: {error}")
+        return EXIT_CONFIG
     missing = skyrl_available()
     if missing:
         log(f"configuration error: {missing}; backend: skyrl runs in the GPU cluster image (deployments/docker)")
