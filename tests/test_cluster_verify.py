@@ -194,3 +194,10 @@ def test_report_renders_for_people_and_tables():
     text = report.markdown()
     assert "| b | y \\| z | none | **NO** |" in text and "NOT ready (1 failed)" in text
     assert ClusterReport(address="h").ok is False, "no checks is not a pass"
+    advisory = ClusterReport(
+        address="h", rows=(CheckRow("a", "x", "x", True), CheckRow("hyperpod.cluster", "y", "not checked", False, True))
+    )
+    assert advisory.ok and advisory.failures == () and [r.name for r in advisory.warnings] == ["hyperpod.cluster"]
+    advisory.raise_for_failures()  # an advisory row never stops the run
+    assert "| hyperpod.cluster | y | not checked | advisory: no |" in advisory.markdown()
+    assert advisory.records()[1]["advisory"] is True

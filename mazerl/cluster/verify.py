@@ -19,7 +19,9 @@ The checks:
   is read back by the next), ``storage.free_space`` (free bytes under the data root on every
   node), ``inputs.base_model`` (config, weights, processor, tokenizer readable on a worker).
 - ``inputs.eval_set``: the eval set loads and its digest verifies (here, in this process).
-- ``hyperpod.*`` when a HyperPod cluster name is given (:mod:`mazerl.cluster.hyperpod`).
+- ``hyperpod.*`` when a HyperPod cluster name is given (:mod:`mazerl.cluster.hyperpod`);
+  advisory (shown, never blocking) when the SageMaker API cannot be asked from here: no IAM
+  identity, no ``AWS_REGION``, a missing permission, no route to the API.
 
 A failure early on (address unreachable) skips the Ray rows that depend on it instead of
 waiting on timeouts; the independent rows still run.
@@ -41,6 +43,11 @@ from mazerl.cluster.report import CheckRow, ClusterReport
 from mazerl.cluster.submitter import TERMINAL, runtime_env_for
 
 GIB = 1024**3
+HYPERPOD_ACCESS_HINT = (
+    "The run goes on without HyperPod's node health (the Ray rows above decide readiness). To turn it on, "
+    "give the flow-run pods' service account an EKS Pod Identity association with a role that allows "
+    "sagemaker:DescribeCluster and sagemaker:ListClusterNodes, and set AWS_REGION in their env (docs/hyperpod.md)"
+)
 MIN_RAY_VERSION = (2, 52)  # token authentication
 # Free space to ask for when the caller gives none: the merged model is a full copy of the
 # base weights; LoRA checkpoints (adapter + its optimizer state, a few percent of the base
@@ -310,12 +317,22 @@ def _eval_set_row(name: str) -> CheckRow:
 
 
 def _hyperpod_rows(cluster: str, region: str | None, client: Any) -> list[CheckRow]:
-    from mazerl.cluster.hyperpod import check_hyperpod
+    """HyperPod's own view of the nodes. Optional: the Ray rows already say whether the cluster
+    can run the job, so when the SageMaker API cannot be asked at all (a flow pod without an IAM
+    identity, region or permission; no route to the API) the row is advisory. A wrong cluster
+    name, or an answer that shows failed nodes, still stops the run."""
+    from mazerl.cluster.hyperpod import HyperPodAccessError, HyperPodClusterNotFound, check_hyperpod
 
+    expected = f"HyperPod cluster {cluster} readable and InService"
     try:
         return check_hyperpod(cluster, region=region, client=client)
-    except (ConfigError, RetryableJobError) as exc:
-        return [CheckRow("hyperpod.cluster", f"HyperPod cluster {cluster} readable and InService", str(exc), False)]
+    except HyperPodClusterNotFound as exc:
+        return [CheckRow("hyperpod.cluster", expected, str(exc), False)]
+    except (HyperPodAccessError, RetryableJobError) as exc:
+        found = f"not checked: {exc}. {HYPERPOD_ACCESS_HINT}"
+        return [CheckRow("hyperpod.cluster", expected, found, False, advisory=True)]
+    except ConfigError as exc:
+        return [CheckRow("hyperpod.cluster", expected, str(exc), False)]
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
