@@ -20,6 +20,7 @@ CLUSTER_FIXES = {
     "ray.dead_nodes": "replace the DEAD nodes, or lower training.skyrl.num_nodes",
     "ray.gpus": "add GPU nodes, or lower training.skyrl.num_gpus / num_nodes (the training placement)",
     "ray.gpu_placement": "add nodes with enough GPUs, or lower training.skyrl.num_gpus (GPUs per node)",
+    "ray.eval_placement": "lower eval_workers or eval_gpus_per_worker, or add GPU nodes (eval_engine hf needs no GPU)",
     "storage.shared": "set data_root to a mount every node shares (/shared on HyperPod)",
     "storage.free_space": "free space under data_root, or choose another data_root",
     "inputs.base_model": "set base_model to a complete model directory as the cluster's nodes see it",
@@ -43,6 +44,8 @@ def check_cluster(context: RunContext, params: PipelineParams) -> dict:
             eval_set=context.eval_set,
             headers=ray_headers(context.ray_address),
             hyperpod_cluster=params.hyperpod_cluster,
+            eval_workers=params.eval_workers,
+            eval_gpus_per_worker=params.resolved_eval_gpus(),
             log=logger.info,
             **requirements_for(config),
         )

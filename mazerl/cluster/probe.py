@@ -7,7 +7,7 @@ a port-forwarded KubeRay head, ``sagemaker_ray://``). It prints one line
 
 What it measures:
 
-- the cluster's Ray version and its nodes (ALIVE/DEAD, GPUs per node);
+- the cluster's Ray version and its nodes (ALIVE/DEAD; GPUs, CPUs, memory and labels per node);
 - shared storage: a task pinned to each alive node (``NodeAffinitySchedulingStrategy``,
   hard) writes ``<data_root>/.mazerl-probe/<token>/<node>``, then the *next* node reads it
   back; a mount that is missing or node-local on any node shows up as a failed read. Each
@@ -132,6 +132,9 @@ def run_probe(request: dict[str, Any]) -> dict[str, Any]:
             "address": n["NodeManagerAddress"],
             "alive": bool(n["Alive"]),
             "gpus": float(n.get("Resources", {}).get("GPU", 0)),
+            "cpus": float(n.get("Resources", {}).get("CPU", 0)),
+            "memory_bytes": float(n.get("Resources", {}).get("memory", 0)),  # what Ray schedules against
+            "labels": dict(n.get("Labels") or {}),
             "is_head": "node:__internal_head__" in n.get("Resources", {}),
         }
         for n in ray.nodes()

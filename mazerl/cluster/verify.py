@@ -15,7 +15,8 @@ The checks:
   ``ray.version`` (same major version as this client, >= 2.52 for token auth),
   ``ray.nodes`` (enough ALIVE nodes), ``ray.dead_nodes`` (every DEAD node replaced),
   ``ray.gpus`` (enough GPUs in total), ``ray.gpu_placement`` (enough nodes with the GPUs
-  per node the placement needs), ``storage.shared`` (a probe file written on each alive node
+  per node the placement needs), ``ray.eval_placement`` (all eval workers, with their GPUs,
+  fit at once: the eval waits for every one of them), ``storage.shared`` (a probe file written on each alive node
   is read back by the next), ``storage.free_space`` (free bytes under the data root on every
   node), ``inputs.base_model`` (config, weights, processor, tokenizer readable on a worker).
 - ``inputs.eval_set``: the eval set loads and its digest verifies (here, in this process).
@@ -78,6 +79,8 @@ def verify_cluster(
     required_gpus: int = 0,
     gpus_per_node: int = 0,
     required_free_bytes: int | None = None,
+    eval_workers: int = 0,
+    eval_gpus_per_worker: float = 0.0,
     base_model: str | None = None,
     eval_set: str | None = None,
     headers: dict[str, str] | None = None,
@@ -103,6 +106,11 @@ def verify_cluster(
             raise ConfigError(f"{name} ({value!r}) must be an integer >= 0")
     if required_nodes < 1:
         raise ConfigError(f"required_nodes ({required_nodes}) must be >= 1: the head is a node")
+    if not isinstance(eval_workers, int) or eval_workers < 0 or not eval_gpus_per_worker >= 0:
+        raise ConfigError(
+            f"eval_workers ({eval_workers!r}) must be an integer >= 0 and eval_gpus_per_worker "
+            f"({eval_gpus_per_worker!r}) a number >= 0"
+        )
     if not data_root or not str(data_root).startswith("/"):
         raise ConfigError(
             f"data_root ({data_root!r}) must be an absolute path as the cluster's nodes see it, e.g. /shared"
@@ -121,6 +129,7 @@ def verify_cluster(
         if probe is not None:
             rows.extend(
                 _ray_rows(probe, required_nodes, required_gpus, gpus_per_node)
+                + _eval_rows(probe, eval_workers, eval_gpus_per_worker)
                 + _storage_rows(probe, str(data_root), required_free_bytes)
                 + _model_rows(probe)
             )
@@ -246,6 +255,37 @@ def _ray_rows(probe: dict, required_nodes: int, required_gpus: int, gpus_per_nod
             )
         )
     return rows
+
+
+def actors_that_fit(nodes: list[dict], gpus: float, cpus: float = 1.0) -> dict[str, int]:
+    """How many actors of ``{GPU: gpus, CPU: cpus}`` each ALIVE node can hold at once (by its totals)."""
+    fit = {}
+    for node in nodes:
+        if not node["alive"]:
+            continue
+        by_gpu = int(node["gpus"] // gpus + 1e-9) if gpus > 0 else None
+        by_cpu = int(node.get("cpus", 0) // cpus + 1e-9) if cpus > 0 else None
+        counts = [c for c in (by_gpu, by_cpu) if c is not None]
+        fit[node["address"]] = min(counts) if counts else 0
+    return fit
+
+
+def _eval_rows(probe: dict, workers: int, gpus: float) -> list[CheckRow]:
+    """The eval stage starts all its workers at once and waits for every one to load the model,
+    so they must all fit together; otherwise the eval job waits for resources forever."""
+    if workers == 0:
+        return []
+    fit = actors_that_fit(probe.get("nodes", []), gpus)
+    room = sum(fit.values())
+    per_node = ", ".join(f"{address}: {count}" for address, count in fit.items() if count) or "none anywhere"
+    return [
+        CheckRow(
+            "ray.eval_placement",
+            f"{workers} eval workers of {gpus:g} GPU + 1 CPU each fit at once",
+            f"room for {room} ({per_node})",
+            room >= workers,
+        )
+    ]
 
 
 def _storage_rows(probe: dict, data_root: str, required_free_bytes: int | None) -> list[CheckRow]:

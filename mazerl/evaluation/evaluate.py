@@ -176,6 +176,8 @@ def evaluate(
     )
     chunks = [list(range(start, min(start + chunk_size, count))) for start in range(0, count, chunk_size)]
     gpus = (1.0 if engine == "vllm" else 0.0) if gpus_per_worker is None else gpus_per_worker
+    if engine == "vllm" and gpus <= 0:
+        raise ValueError("gpus_per_worker=0 with engine='vllm': vLLM runs on GPUs only; give each worker 1 GPU")
     rows, gifs, rollout_seconds = _run_on_ray(job, chunks, min(workers, len(chunks)), gpus, ray_address, progress)
     rows.sort(key=lambda row: row["index"])
     gif_paths = _write_gifs(out_dir, rows, gifs, gif_count)
