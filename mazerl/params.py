@@ -167,6 +167,13 @@ class PipelineParams(EvalEngineParams):
     max_eval_mazes: int | None = Field(None, ge=1, description="Evaluate only the first N mazes (smoke runs).")
     gif_count: int = Field(4, ge=0, description="Episode GIFs kept per eval (solved and failed).")
     train_retries: int = Field(3, ge=0, description="Retries of the train stage on infrastructure failures.")
+    local_train_gpus: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description="GPUs the local backend's training job asks Ray for: 0 trains where Ray starts the job (the "
+        "head; CPU unless it has a GPU); 1 starts it on a GPU node and trains there. SkyRL places its own workers.",
+    )
     hang_timeout_s: float = Field(
         1800.0, gt=0, description="Stop and retry a training job with no new step for this long."
     )
@@ -178,6 +185,11 @@ class PipelineParams(EvalEngineParams):
     def _training_overrides_are_valid(self) -> PipelineParams:
         """Check ``training`` now, before any stage (the base model path is not needed for that)."""
         self.train_config("validation", Path("/nonexistent/base-model"))
+        if self.local_train_gpus and self.backend != "local":
+            raise ValueError(
+                f"local_train_gpus ({self.local_train_gpus}) applies to backend 'local' only: SkyRL places its own "
+                "GPU workers (training.skyrl.num_gpus / num_nodes); remove local_train_gpus"
+            )
         return self
 
     def root(self) -> Path:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from mazerl.fingerprint import model_fingerprint
 from mazerl.params import EvalParams, PipelineParams
 from mazerl.tracking.lineage import client_for, log_eval_report, log_eval_set, stage_run
 from tasks.context import RunContext
-from tasks.jobs import run_stage_job
+from tasks.jobs import run_stage_job, write_request
 
 
 @dataclass(frozen=True)
@@ -81,10 +80,7 @@ def _evaluate(run: RunContext, stage: str, model_dir: Path, settings: EvalSettin
         "max_mazes": settings.max_mazes,
         "max_new_tokens": settings.max_new_tokens,
     }
-    request_path = out_dir / "request.json"
-    tmp = request_path.with_name(request_path.name + ".tmp")
-    tmp.write_text(json.dumps(request, indent=2))
-    os.replace(tmp, request_path)
+    request_path = write_request(out_dir / "request.json", request)
     run_stage_job(run, stage, "mazerl.evaluation.job_entry", request_path)
     return EvalReport.from_summary(out_dir / "summary.json")
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
+from mazerl.cluster.submitter import META_IDENTITY_PREFIX
 from mazerl.params import PipelineParams
 from mazerl.tracking.lineage import log_config_file, log_params, stage_run
 from mazerl.training import checkpoints
@@ -67,7 +68,13 @@ def train(run: RunContext, params: PipelineParams) -> TrainOutcome:
             hang_timeout_s=params.hang_timeout_s,
             progress_probe=progress,
             on_line=on_line,
+            identity=config.identity(),
+            entrypoint_num_gpus=params.local_train_gpus or None,
         )
+        trained_by = outcome.metadata.get(META_IDENTITY_PREFIX + "run_id", config.run_id)
+        if trained_by != config.run_id:  # re-attached to the same training started by an earlier flow run
+            logger.info(f"train: the checkpoints are those of run {trained_by}, whose job this flow run followed")
+            config = config.model_copy(update={"run_id": trained_by})
         latest = checkpoints.latest(config.checkpoint_dir)
         final_step = latest.step if latest else 0
         if final_step < config.steps:  # never report steps that did not run as done

@@ -24,6 +24,7 @@ EMBEDDED_ROWS = {
     "storage.shared",
     "storage.free_space",
     "inputs.base_model",
+    "ray.merge_memory",
     "inputs.eval_set",
 }
 

@@ -39,6 +39,11 @@ PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
+def node_name(node: dict[str, Any]) -> str:
+    """A node as reports show it: its address, and its id's start (nodes may share an address)."""
+    return f"{node['address']} ({node['node_id'][:8]})" if node.get("node_id") else node["address"]
+
+
 def check_model_dir(model_dir: str) -> dict[str, Any]:
     """What a Hugging Face VLM directory needs to be loadable, as found on this node."""
     path = Path(model_dir)
@@ -172,7 +177,7 @@ def run_probe(request: dict[str, Any]) -> dict[str, Any]:
         )
         gather([pinned(remove_probe, n["node_id"]).remote(data_root, token) for n in alive])
         result["storage"] = [
-            {"writer": n["address"], "reader": alive[(i + 1) % len(alive)]["address"], "write": w, "read": r}
+            {"writer": node_name(n), "reader": node_name(alive[(i + 1) % len(alive)]), "write": w, "read": r}
             for i, (n, w, r) in enumerate(zip(alive, writes, reads, strict=True))
         ]
 
@@ -181,7 +186,7 @@ def run_probe(request: dict[str, Any]) -> dict[str, Any]:
         workers = sorted(alive, key=lambda n: (n["gpus"] == 0, n["is_head"]))  # a GPU worker first
         node = workers[0]
         (found,) = gather([pinned(check_model_dir, node["node_id"]).remote(model_dir)])
-        result["base_model"] = {"node": node["address"], **found}
+        result["base_model"] = {"node": node_name(node), **found}
 
     result["seconds"] = round(time.monotonic() - started, 2)
     return result

@@ -18,7 +18,9 @@ The checks:
   per node the placement needs), ``ray.eval_placement`` (all eval workers, with their GPUs,
   fit at once: the eval waits for every one of them), ``storage.shared`` (a probe file written on each alive node
   is read back by the next), ``storage.free_space`` (free bytes under the data root on every
-  node), ``inputs.base_model`` (config, weights, processor, tokenizer readable on a worker).
+  node), ``inputs.base_model`` (config, weights, processor, tokenizer readable on a worker),
+  ``ray.merge_memory`` (a node whose Ray memory holds the merge job, see
+  :mod:`mazerl.tracking.merge_memory`).
 - ``inputs.eval_set``: the eval set loads and its digest verifies (here, in this process).
 - ``hyperpod.*`` when a HyperPod cluster name is given (:mod:`mazerl.cluster.hyperpod`);
   advisory (shown, never blocking) when the SageMaker API cannot be asked from here: no IAM
@@ -39,7 +41,7 @@ from typing import Any, Literal
 
 from mazerl.cluster.client import job_client, parse_address
 from mazerl.cluster.errors import ConfigError, RetryableJobError
-from mazerl.cluster.probe import RESULT_PREFIX
+from mazerl.cluster.probe import RESULT_PREFIX, node_name
 from mazerl.cluster.report import CheckRow, ClusterReport
 from mazerl.cluster.submitter import TERMINAL, runtime_env_for
 
@@ -56,11 +58,12 @@ MIN_RAY_VERSION = (2, 52)  # token authentication
 FREE_SPACE_FACTOR = 1.25
 
 
-def requirements_for(config) -> dict[str, int]:
+def requirements_for(config, local_gpus: int = 0) -> dict[str, int]:
     """The placement a :class:`~mazerl.training.config.TrainConfig` needs, as ``verify_cluster`` kwargs.
 
-    local: one node, no GPUs. skyrl: ``num_nodes`` nodes with ``num_gpus`` GPUs each (FSDP
-    workers and colocated vLLM engines, ``engines x tensor_parallel_size`` GPUs in all).
+    local: one node, with ``local_gpus`` GPUs (the pipeline's ``local_train_gpus``). skyrl:
+    ``num_nodes`` nodes with ``num_gpus`` GPUs each (FSDP workers and colocated vLLM engines,
+    ``engines x tensor_parallel_size`` GPUs in all).
     """
     if config.backend == "skyrl":
         return {
@@ -68,7 +71,7 @@ def requirements_for(config) -> dict[str, int]:
             "required_gpus": config.skyrl.num_gpus * config.skyrl.num_nodes,
             "gpus_per_node": config.skyrl.num_gpus,
         }
-    return {"required_nodes": 1, "required_gpus": 0, "gpus_per_node": 0}
+    return {"required_nodes": 1, "required_gpus": local_gpus, "gpus_per_node": local_gpus}
 
 
 def verify_cluster(
@@ -132,6 +135,7 @@ def verify_cluster(
                 + _eval_rows(probe, eval_workers, eval_gpus_per_worker)
                 + _storage_rows(probe, str(data_root), required_free_bytes)
                 + _model_rows(probe)
+                + _merge_rows(probe)
             )
     if eval_set:
         rows.append(_eval_set_row(eval_set))
@@ -225,7 +229,7 @@ def _ray_rows(probe: dict, required_nodes: int, required_gpus: int, gpus_per_nod
             len(alive) >= required_nodes,
         )
     )
-    dead_text = ", ".join(n["address"] for n in dead[:8]) + (" ..." if len(dead) > 8 else "")
+    dead_text = ", ".join(node_name(n) for n in dead[:8]) + (" ..." if len(dead) > 8 else "")
     rows.append(
         CheckRow(
             "ray.dead_nodes",
@@ -245,7 +249,7 @@ def _ray_rows(probe: dict, required_nodes: int, required_gpus: int, gpus_per_nod
     )
     if gpus_per_node > 0:
         fitting = [n for n in alive if n["gpus"] >= gpus_per_node]
-        per_node = ", ".join(f"{n['address']}: {n['gpus']:g}" for n in alive if n["gpus"] > 0) or "no GPU nodes"
+        per_node = ", ".join(f"{node_name(n)}: {n['gpus']:g}" for n in alive if n["gpus"] > 0) or "no GPU nodes"
         rows.append(
             CheckRow(
                 "ray.gpu_placement",
@@ -266,7 +270,7 @@ def actors_that_fit(nodes: list[dict], gpus: float, cpus: float = 1.0) -> dict[s
         by_gpu = int(node["gpus"] // gpus + 1e-9) if gpus > 0 else None
         by_cpu = int(node.get("cpus", 0) // cpus + 1e-9) if cpus > 0 else None
         counts = [c for c in (by_gpu, by_cpu) if c is not None]
-        fit[node["address"]] = min(counts) if counts else 0
+        fit[node_name(node)] = min(counts) if counts else 0
     return fit
 
 
@@ -342,6 +346,28 @@ def _model_rows(probe: dict) -> list[CheckRow]:
             f"ok on {model['node']} ({model['weights_bytes'] / GIB:.2f} GiB of weights)",
             True,
         )
+    ]
+
+
+def _merge_rows(probe: dict) -> list[CheckRow]:
+    """The merge job asks Ray for a whole model copy's memory; a cluster where no node has it would
+    leave the job pending until Ray gives up, after all the training."""
+    from mazerl.tracking.merge_memory import merge_memory
+
+    model = probe.get("base_model") or {}
+    if not model.get("weights_bytes"):
+        return []
+    need = merge_memory(int(model["weights_bytes"]))
+    alive = [n for n in probe.get("nodes", []) if n["alive"]]
+    roomy = [n for n in alive if n.get("memory_bytes", 0) >= need.total_bytes]
+    largest = max((n.get("memory_bytes", 0) for n in alive), default=0)
+    found = (
+        f"{len(roomy)} such nodes (e.g. {node_name(roomy[0])}: {roomy[0]['memory_bytes'] / GIB:.0f} GiB)"
+        if roomy
+        else f"none: the largest offers {largest / GIB:.1f} GiB to Ray"
+    )
+    return [
+        CheckRow("ray.merge_memory", f"a node with Ray memory >= {need.describe()} for merge_lora", found, bool(roomy))
     ]
 
 

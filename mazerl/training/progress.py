@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from mazerl import paths
 from mazerl.training import checkpoints
 
 # "step 3/160:" at a word boundary ("global_step 3" and "Resuming from global_step: 3" do not match).
@@ -75,16 +76,22 @@ def tracker_hook(
 class TrainingProgress:
     """The furthest finished step: from step lines fed to it and, if given, the checkpoint marker.
 
-    The submitter feeds it every log line of the job (anything with a ``feed`` method is fed)
-    and calls it for the watchdog's value; the train stage reads :attr:`fraction` for its
-    progress artifact. ``checkpoint_dir`` may be set later (a job re-attached from another
-    pipeline run writes into that run's directory).
+    The submitter feeds it every log line of the job (anything with a ``feed`` method is fed),
+    tells it which job it follows (:meth:`follow`) and calls it for the watchdog's value; the
+    train stage reads :attr:`fraction` for its progress artifact.
     """
 
     def __init__(self, checkpoint_dir: str | Path | None = None, total_steps: int | None = None):
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.total = total_steps
         self._logged: int | None = None
+
+    def follow(self, metadata: Mapping[str, str]) -> None:
+        """The job being followed, by its submitter metadata: a job re-attached from another
+        pipeline run writes its checkpoints into that run's directory, so read the marker there."""
+        run_id, data_root = metadata.get("mazerl_id_run_id"), metadata.get("mazerl_id_data_root")
+        if self.checkpoint_dir is not None and run_id and data_root:
+            self.checkpoint_dir = paths.checkpoints_dir(Path(data_root), run_id)
 
     def feed(self, line: str) -> None:
         parsed = parse_step_line(line)

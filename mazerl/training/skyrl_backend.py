@@ -190,6 +190,14 @@ def check_supported(config: TrainConfig) -> None:
         )
 
 
+def placement_bundles(config: TrainConfig) -> tuple[list[dict[str, float]], str]:
+    """(bundles, strategy) of the placement group SkyRL 0.4 reserves for our colocated run
+    (``BasePPOExp.get_colocate_pg``): one ``{GPU: 1, CPU: 1}`` bundle per GPU slot of the inference
+    engines (engines x tensor parallel size; pipeline and data parallel are 1 here), packed."""
+    slots = config.skyrl.num_engines * config.skyrl.tensor_parallel_size
+    return [{"GPU": 1.0, "CPU": 1.0} for _ in range(slots)], "PACK"
+
+
 def build_overrides(config: TrainConfig) -> dict[str, Any]:
     """Our TrainConfig as ``{dotted SkyRL field: value}`` for ``SkyRLTrainConfig.from_cli_overrides``."""
     check_supported(config)
