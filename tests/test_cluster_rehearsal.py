@@ -40,6 +40,7 @@ import psutil
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
+from test_fault_injection import training_processes, wait_for  # the trainer-process helpers, one home
 
 from mazerl.cluster.ray_local import LocalRayHead, _free_ports, _head_env, start_local_head
 from mazerl.params import MINIATURE_TRAINING, PipelineParams
@@ -233,16 +234,6 @@ def hyperpod_params() -> PipelineParams:
     return PipelineParams.model_validate(values)
 
 
-def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.3):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
 # --------------------------------------------------------------------------------------
 # verify_cluster and placement
 # --------------------------------------------------------------------------------------
@@ -334,6 +325,29 @@ def test_rehearsal_no_gpu_skyrls_placement_group_for_the_hyperpod_config_puts_tw
     # then Ray puts two bundles on each GPU worker and none on the head.
     per_node = {node: list(placed.values()).count(node) for node in set(placed.values())}
     assert set(per_node) == cluster.gpu_worker_ids() and set(per_node.values()) == {2}, per_node
+
+
+def test_rehearsal_no_gpu_a_job_asking_for_more_memory_than_the_head_has_starts_on_a_worker_that_has_it(cluster):
+    from mazerl.cluster.submitter import RayJob
+
+    # given the manifest's memory (head 420 GiB, GPU workers 440 GiB), when a job asks for 430 GiB
+    # (as the merge job asks for a whole model copy's memory),
+    asked = (cluster.head_shape["memory_bytes"] + cluster.worker_shape["memory_bytes"]) // 2
+    with RayJob(
+        cluster.address,
+        f"{sys.executable} -c 'print(1)'",
+        pipeline_run_id="memory",
+        attempt=1,
+        stage="probe",
+        headers=cluster.headers(),
+        log=lambda _line: None,
+        entrypoint_memory=asked,
+    ) as job:
+        outcome = job.wait()
+    # then Ray starts it on a node with that much memory: a GPU worker, not the head.
+    (details,) = [j for j in cluster.jobs("memory") if j.submission_id == outcome.submission_id]
+    assert details.driver_node_id in cluster.gpu_worker_ids()
+    assert int(details.metadata["mazerl_entrypoint_memory"]) == asked
 
 
 # --------------------------------------------------------------------------------------
@@ -485,15 +499,6 @@ def test_rehearsal_no_gpu_a_new_flow_run_reattaches_to_the_same_training_and_ref
     assert (progress._logged, progress.marker_step(), progress.fraction) == (3, 3, 1.0)
 
 
-def training_processes(run_dir: Path) -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(process.info["cmdline"] or [])
-        if "mazerl.training.local_entry" in cmdline and str(run_dir) in cmdline:
-            found.append(process)
-    return found
-
-
 # --------------------------------------------------------------------------------------
 # the whole pipeline, and a GPU worker lost while it trains (last: it leaves a node dead)
 # --------------------------------------------------------------------------------------
@@ -562,8 +567,11 @@ def test_rehearsal_no_gpu_hf_for_vllm_pipeline_survives_a_gpu_worker_killed_whil
         assert {w["node_id"] for w in placement} <= gpu_workers and all(len(w["gpu_ids"]) == 1 for w in placement)
         assert {w["device"] for w in placement} == {"cpu"}, "no CUDA here: the hf engine ran on CPU"
     # and the merge ran as a job that asked Ray for a whole model copy's memory, on a node that has it.
+    from mazerl.tracking.merge_memory import merge_memory, weights_bytes
+
     (merge,) = cluster.jobs(flow_run, "merge_lora")
+    asked = int(merge.metadata["mazerl_entrypoint_memory"])
+    assert str(merge.status) == "SUCCEEDED" and asked == merge_memory(weights_bytes(starter_model_dir)).total_bytes
     nodes = {n["node_id"]: n for n in cluster.nodes()}
-    assert str(merge.status) == "SUCCEEDED" and merge.entrypoint_memory >= 2 * 2**30
-    assert nodes[merge.driver_node_id]["resources_total"]["memory"] >= merge.entrypoint_memory
+    assert nodes[merge.driver_node_id]["resources_total"]["memory"] >= asked
     assert summary.final is not None

@@ -154,12 +154,7 @@ def test_api_errors_say_what_to_fix_mocked_aws_with_stubber(code, error, says):
         check_hyperpod("mazerl-hp", client=client)
 
 
-def test_missing_credentials_are_named_without_network(monkeypatch, tmp_path):
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+def test_missing_credentials_are_named_without_network(no_aws_identity):
     with pytest.raises(HyperPodAccessError, match="no AWS credentials"):
         check_hyperpod("mazerl-hp", region=REGION)
 
@@ -196,26 +191,10 @@ def hyperpod_rows_of(**verify_kwargs):
     return verify_cluster(address, data_root="/shared", hyperpod_cluster="mazerl-hp", **verify_kwargs)
 
 
-def no_identity(monkeypatch, tmp_path) -> None:
-    """A flow pod with no IAM identity: no keys, no profile, no Pod Identity agent, no instance role."""
-    for name in (
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_PROFILE",
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-        "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-
-
 @pytest.mark.parametrize("missing", ["identity", "region"])
-def test_a_flow_pod_without_iam_identity_or_region_gets_an_advisory_row_not_a_stop(monkeypatch, tmp_path, missing):
-    no_identity(monkeypatch, tmp_path)
+def test_a_flow_pod_without_iam_identity_or_region_gets_an_advisory_row_not_a_stop(
+    no_aws_identity, monkeypatch, missing
+):
     if missing == "region":
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")

@@ -77,6 +77,7 @@ META_STAGE = "mazerl_stage"
 META_ATTEMPT = "mazerl_attempt"
 META_IDENTITY_PREFIX = "mazerl_id_"  # identity keys, e.g. mazerl_id_config_digest, mazerl_id_data_root
 IDENTITY_MATCH = ("config_digest", "data_root")  # what makes another run's job the same training
+META_MEMORY = "mazerl_entrypoint_memory"  # the bytes of memory the job asked Ray for
 ACTIVE = frozenset({"PENDING", "RUNNING"})
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 CONFIG_ERROR_EXIT_CODE = 2
@@ -390,6 +391,8 @@ class RayJob:
             options["entrypoint_memory"] = int(self.entrypoint_memory)
         metadata = {META_RUN: self.pipeline_run_id, META_STAGE: self.stage, META_ATTEMPT: str(self.attempt)}
         metadata |= {META_IDENTITY_PREFIX + key: str(value) for key, value in (self.identity or {}).items()}
+        if self.entrypoint_memory is not None:  # Ray's job listing does not show it; operators and tests can
+            metadata[META_MEMORY] = str(int(self.entrypoint_memory))
         self._call(
             self._client.submit_job,
             entrypoint=self.entrypoint,
