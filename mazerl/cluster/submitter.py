@@ -475,10 +475,10 @@ class RayJob:
                 f"following job {self.submission_id} ({str(reason)[:200]}); check the HyperPod access of these "
                 "credentials. The job keeps running: retry the flow run to follow it again"
             ) from None
+        client = job_client(self.address, self.headers)  # the toolkit fetches a new session cookie
         self._drain_logs()
         skip = self._follower.abandon() if self._follower is not None else 0
-        self._client = job_client(self.address, self.headers)  # the toolkit fetches a new session cookie
-        self._session_renewed_at = now
+        self._client, self._session_renewed_at = client, now
         self._follower = _LogFollower(self._client, self.submission_id, self.poll_s, skip_chars=skip)
         self._follower.start()
         self.log(
