@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from envs.evalset import EMBEDDED_EVAL_SET
-from mazerl.fingerprint import model_fingerprint
+from mazerl.fingerprint import mismatch, model_fingerprint
 from mazerl.tracking.merge_memory import SAVE_SHARD, check_merge_memory, merge_memory, weights_bytes
 from mazerl.training import checkpoints
 
@@ -435,11 +435,8 @@ def merge_adapter(
         raise MergeError(f"base_model_dir={str(base_dir)!r} does not exist; pass the model the adapter was trained on")
     base_fingerprint = model_fingerprint(base_dir)
     if expected_base_fingerprint is not None and expected_base_fingerprint != base_fingerprint:
-        raise MergeError(
-            f"the adapter{origin} was trained on a base model with fingerprint {expected_base_fingerprint[:16]}..., "
-            f"but base_model_dir={str(base_dir)!r} has {base_fingerprint[:16]}...; merge it into the base it was "
-            "trained on"
-        )
+        trained_on = mismatch(expected_base_fingerprint, f"base_model_dir={str(base_dir)!r}", base_fingerprint)
+        raise MergeError(f"the adapter{origin} was trained on {trained_on}; merge it into the base it was trained on")
     adapter_sha = adapter_digest(adapter_dir)
     reused = _reusable(out_dir, base_fingerprint, adapter_sha)
     if reused is not None:

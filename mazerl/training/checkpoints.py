@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from mazerl.fingerprint import model_fingerprint
+from mazerl.fingerprint import mismatch, model_fingerprint
 
 MARKER = "latest_ckpt_global_step.txt"
 BASE_MODEL_RECORD = "base_model.json"
@@ -195,9 +195,8 @@ def record_base_model(root: Path, base_model: Path) -> str:
     recorded = recorded_base_fingerprint(root)
     if recorded is not None and recorded != fingerprint:
         raise CheckpointError(
-            f"the checkpoints in {root} were trained from a base model with fingerprint {recorded[:16]}..., but "
-            f"base_model {base_model} has {fingerprint[:16]}...; resume with the original base model, or use a "
-            "new run_id to start a new run"
+            f"the checkpoints in {root} were trained from {mismatch(recorded, f'base_model {base_model}', fingerprint)}"
+            "; resume with the original base model, or use a new run_id to start a new run"
         )
     if recorded is None:
         root.mkdir(parents=True, exist_ok=True)
