@@ -95,7 +95,46 @@ EMBEDDED_TRAINING: dict[str, Any] = {
 }
 
 
-class PipelineParams(BaseModel):
+class EvalEngineParams(BaseModel):
+    """Where and how the evals generate: the engine, and the GPUs each eval worker (Ray actor) takes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    eval_engine: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="Inference engine of the evals: hf (transformers; CPU, or a GPU when the worker has one) "
+        "or vllm (GPU workers only; the hyperpod deployment's choice for 8B models).",
+    )
+    eval_gpus_per_worker: float | None = Field(
+        None,
+        ge=0,
+        description="GPUs each eval worker asks Ray for; None: 1 for vllm, 0 for hf. Fractions below 1 share a "
+        "GPU between workers; above 1 it must be a whole number.",
+    )
+
+    @model_validator(mode="after")
+    def _engine_gets_gpus(self) -> EvalEngineParams:
+        gpus = self.resolved_eval_gpus()
+        if self.eval_engine == "vllm" and gpus == 0:
+            raise ValueError(
+                "eval_gpus_per_worker (0) with eval_engine 'vllm': vLLM runs on GPUs only; give each worker a "
+                "GPU (eval_gpus_per_worker: 1) or use eval_engine 'hf'"
+            )
+        if gpus > 1 and not float(gpus).is_integer():
+            raise ValueError(
+                f"eval_gpus_per_worker ({gpus}) above 1 must be a whole number (Ray gives whole GPUs beyond one); "
+                "e.g. 1 or 2"
+            )
+        return self
+
+    def resolved_eval_gpus(self) -> float:
+        """GPUs per eval worker, the engine's default filled in."""
+        if self.eval_gpus_per_worker is not None:
+            return float(self.eval_gpus_per_worker)
+        return 1.0 if self.eval_engine == "vllm" else 0.0
+
+
+class PipelineParams(EvalEngineParams):
     """Parameters of one pipeline run (the Prefect flow's single argument)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -128,6 +167,13 @@ class PipelineParams(BaseModel):
     max_eval_mazes: int | None = Field(None, ge=1, description="Evaluate only the first N mazes (smoke runs).")
     gif_count: int = Field(4, ge=0, description="Episode GIFs kept per eval (solved and failed).")
     train_retries: int = Field(3, ge=0, description="Retries of the train stage on infrastructure failures.")
+    local_train_gpus: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description="GPUs the local backend's training job asks Ray for: 0 trains where Ray starts the job (the "
+        "head; CPU unless it has a GPU); 1 starts it on a GPU node and trains there. SkyRL places its own workers.",
+    )
     hang_timeout_s: float = Field(
         1800.0, gt=0, description="Stop and retry a training job with no new step for this long."
     )
@@ -139,6 +185,11 @@ class PipelineParams(BaseModel):
     def _training_overrides_are_valid(self) -> PipelineParams:
         """Check ``training`` now, before any stage (the base model path is not needed for that)."""
         self.train_config("validation", Path("/nonexistent/base-model"))
+        if self.local_train_gpus and self.backend != "local":
+            raise ValueError(
+                f"local_train_gpus ({self.local_train_gpus}) applies to backend 'local' only: SkyRL places its own "
+                "GPU workers (training.skyrl.num_gpus / num_nodes); remove local_train_gpus"
+            )
         return self
 
     def root(self) -> Path:
@@ -190,7 +241,7 @@ def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
     return merged
 
 
-class EvalParams(BaseModel):
+class EvalParams(EvalEngineParams):
     """Parameters of the eval-only flow: a model directory or a registered model version."""
 
     model_config = ConfigDict(extra="forbid")

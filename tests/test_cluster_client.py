@@ -85,7 +85,7 @@ def write_kubeconfig(path, user: dict, server: str = "https://example.invalid") 
     )
 
 
-def test_sagemaker_address_without_aws_credentials_says_so(monkeypatch, tmp_path):
+def test_sagemaker_address_without_aws_credentials_says_so(monkeypatch, tmp_path, no_aws_identity):
     kubeconfig = tmp_path / "config"
     write_kubeconfig(
         kubeconfig,
@@ -98,17 +98,6 @@ def test_sagemaker_address_without_aws_credentials_says_so(monkeypatch, tmp_path
         },
     )
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    for name in (
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_PROFILE",
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     with pytest.raises(ClusterAccessError, match="no AWS credentials"):
         job_client("sagemaker_ray://mazerl/mazerl")
 

@@ -27,6 +27,7 @@ EMBEDDED_ROWS = {
     "storage.shared",
     "storage.free_space",
     "inputs.base_model",
+    "ray.merge_memory",
     "inputs.eval_set",
 }
 
@@ -69,8 +70,9 @@ def test_embedded_default_passes_against_the_local_head(local_ray_head, tmp_path
         "expected": records[0]["expected"],
         "found": records[0]["found"],
         "ok": True,
+        "advisory": False,
     }
-    assert all(set(r) == {"name", "expected", "found", "ok"} for r in records), "table rows for Prefect and MLflow"
+    assert all(set(r) == {"name", "expected", "found", "ok", "advisory"} for r in records), "rows for Prefect, MLflow"
     assert not (config.data_root / ".mazerl-probe").exists() or not any(
         (config.data_root / ".mazerl-probe").iterdir()
     ), "the probe cleans up its files"
@@ -187,6 +189,26 @@ def test_storage_probe_detects_a_mount_that_is_not_shared(tmp_path):
     assert not (shared / ".mazerl-probe" / "tok").exists()
 
 
+def test_eval_placement_counts_the_actors_every_node_holds_at_once():
+    from mazerl.cluster.verify import _eval_rows, actors_that_fit
+
+    # the HyperPod shape: a CPU head and three 2-GPU workers (one of them DEAD)
+    nodes = [
+        {"address": "head", "alive": True, "gpus": 0.0, "cpus": 52.0},
+        {"address": "w1", "alive": True, "gpus": 2.0, "cpus": 40.0},
+        {"address": "w2", "alive": True, "gpus": 2.0, "cpus": 40.0},
+        {"address": "w3", "alive": False, "gpus": 2.0, "cpus": 40.0},
+    ]
+    assert actors_that_fit(nodes, gpus=1.0) == {"head": 0, "w1": 2, "w2": 2}
+    assert actors_that_fit(nodes, gpus=0.5) == {"head": 0, "w1": 4, "w2": 4}
+    assert actors_that_fit(nodes, gpus=0.0) == {"head": 52, "w1": 40, "w2": 40}, "hf workers need a CPU only"
+    (row,) = _eval_rows({"nodes": nodes}, workers=6, gpus=1.0)
+    assert not row.ok and "room for 4 (w1: 2, w2: 2)" in row.found, row
+    (row,) = _eval_rows({"nodes": nodes}, workers=4, gpus=1.0)
+    assert row.ok
+    assert _eval_rows({"nodes": nodes}, workers=0, gpus=1.0) == [], "no eval requested, no row"
+
+
 def test_report_renders_for_people_and_tables():
     report = ClusterReport(
         address="http://h:8265",
@@ -197,3 +219,10 @@ def test_report_renders_for_people_and_tables():
     text = report.markdown()
     assert "| b | y \\| z | none | **NO** |" in text and "NOT ready (1 failed)" in text
     assert ClusterReport(address="h").ok is False, "no checks is not a pass"
+    advisory = ClusterReport(
+        address="h", rows=(CheckRow("a", "x", "x", True), CheckRow("hyperpod.cluster", "y", "not checked", False, True))
+    )
+    assert advisory.ok and advisory.failures == () and [r.name for r in advisory.warnings] == ["hyperpod.cluster"]
+    advisory.raise_for_failures()  # an advisory row never stops the run
+    assert "| hyperpod.cluster | y | not checked | advisory: no |" in advisory.markdown()
+    assert advisory.records()[1]["advisory"] is True

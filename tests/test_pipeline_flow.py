@@ -49,7 +49,7 @@ def stage_runs(tracking_uri, parent_run_id):
 
 
 def test_full_flow_leaves_runs_metrics_artifacts_registry_and_prefect_artifacts(
-    prefect_api, ray_token, mlflow_root, starter_model_dir, local_ray_address
+    prefect_api, ray_token, mlflow_root, starter_model_dir, local_ray_address, local_ray_head
 ):
     from prefect.client.orchestration import get_client
 
@@ -73,6 +73,19 @@ def test_full_flow_leaves_runs_metrics_artifacts_registry_and_prefect_artifacts(
     assert any(a.path == "config" for a in client.list_artifacts(runs["train"].info.run_id))
     assert {a.path for a in client.list_artifacts(runs["merge_lora"].info.run_id)} >= {"merged_model"}
     assert any(a.path == "learning_curve" for a in client.list_artifacts(summary.mlflow_run_id))
+    # the merge ran as a Ray job that asked Ray for the memory of a whole model copy, not in this process
+    from ray.job_submission import JobSubmissionClient
+
+    jobs = JobSubmissionClient(local_ray_address, headers=local_ray_head.auth_headers()).list_jobs()
+    flow_run_id = client.get_run(summary.mlflow_run_id).data.tags["prefect.flow_run_id"]
+    merges = [
+        j
+        for j in jobs
+        if (j.metadata or {}).get("mazerl_pipeline_run") == flow_run_id
+        and (j.metadata or {}).get("mazerl_stage") == "merge_lora"
+    ]
+    assert [str(j.status) for j in merges] == ["SUCCEEDED"], merges
+    assert int(merges[0].metadata["mazerl_entrypoint_memory"]) >= 2 * 1024**3, "a whole model copy's memory"
     versions = client.search_model_versions("name = 'maze-vlm'")
     assert [v.run_id for v in versions] == [runs["merge_lora"].info.run_id]
     assert checkpoints.read_marker(mlflow_root / "runs" / summary.run_id / "checkpoints") == 2

@@ -135,6 +135,14 @@ def job_client(address: str | RayAddress, headers: dict[str, str] | None = None)
 
 def _map_client_error(address: RayAddress, exc: Exception) -> Exception:
     name, text = type(exc).__name__, str(exc)
+    if address.is_sagemaker and (
+        name == "AuthenticationError" or "status code 401" in text or "status code 403" in text
+    ):
+        return ClusterAccessError(
+            f"the HyperPod Ray endpoint {address} refused the session the toolkit just obtained "
+            f"({text.splitlines()[0][:120] if text else name}); check that these AWS credentials may submit jobs to "
+            "that cluster"
+        )
     if name == "AuthenticationError" or "Authentication required" in text or "status code 401" in text:
         return ClusterAccessError(
             f"Ray at {address} requires token authentication and this client sent no valid token; pass the "

@@ -7,7 +7,7 @@ a port-forwarded KubeRay head, ``sagemaker_ray://``). It prints one line
 
 What it measures:
 
-- the cluster's Ray version and its nodes (ALIVE/DEAD, GPUs per node);
+- the cluster's Ray version and its nodes (ALIVE/DEAD; GPUs, CPUs, memory and labels per node);
 - shared storage: a task pinned to each alive node (``NodeAffinitySchedulingStrategy``,
   hard) writes ``<data_root>/.mazerl-probe/<token>/<node>``, then the *next* node reads it
   back; a mount that is missing or node-local on any node shows up as a failed read. Each
@@ -37,6 +37,11 @@ WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def node_name(node: dict[str, Any]) -> str:
+    """A node as reports show it: its address, and its id's start (nodes may share an address)."""
+    return f"{node['address']} ({node['node_id'][:8]})" if node.get("node_id") else node["address"]
 
 
 def check_model_dir(model_dir: str) -> dict[str, Any]:
@@ -132,6 +137,9 @@ def run_probe(request: dict[str, Any]) -> dict[str, Any]:
             "address": n["NodeManagerAddress"],
             "alive": bool(n["Alive"]),
             "gpus": float(n.get("Resources", {}).get("GPU", 0)),
+            "cpus": float(n.get("Resources", {}).get("CPU", 0)),
+            "memory_bytes": float(n.get("Resources", {}).get("memory", 0)),  # what Ray schedules against
+            "labels": dict(n.get("Labels") or {}),
             "is_head": "node:__internal_head__" in n.get("Resources", {}),
         }
         for n in ray.nodes()
@@ -169,7 +177,7 @@ def run_probe(request: dict[str, Any]) -> dict[str, Any]:
         )
         gather([pinned(remove_probe, n["node_id"]).remote(data_root, token) for n in alive])
         result["storage"] = [
-            {"writer": n["address"], "reader": alive[(i + 1) % len(alive)]["address"], "write": w, "read": r}
+            {"writer": node_name(n), "reader": node_name(alive[(i + 1) % len(alive)]), "write": w, "read": r}
             for i, (n, w, r) in enumerate(zip(alive, writes, reads, strict=True))
         ]
 
@@ -178,7 +186,7 @@ def run_probe(request: dict[str, Any]) -> dict[str, Any]:
         workers = sorted(alive, key=lambda n: (n["gpus"] == 0, n["is_head"]))  # a GPU worker first
         node = workers[0]
         (found,) = gather([pinned(check_model_dir, node["node_id"]).remote(model_dir)])
-        result["base_model"] = {"node": node["address"], **found}
+        result["base_model"] = {"node": node_name(node), **found}
 
     result["seconds"] = round(time.monotonic() - started, 2)
     return result

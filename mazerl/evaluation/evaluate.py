@@ -176,10 +176,16 @@ def evaluate(
     )
     chunks = [list(range(start, min(start + chunk_size, count))) for start in range(0, count, chunk_size)]
     gpus = (1.0 if engine == "vllm" else 0.0) if gpus_per_worker is None else gpus_per_worker
-    rows, gifs, rollout_seconds = _run_on_ray(job, chunks, min(workers, len(chunks)), gpus, ray_address, progress)
+    if engine == "vllm" and gpus <= 0:
+        raise ValueError("gpus_per_worker=0 with engine='vllm': vLLM runs on GPUs only; give each worker 1 GPU")
+    rows, gifs, rollout_seconds, placement = _run_on_ray(
+        job, chunks, min(workers, len(chunks)), gpus, ray_address, progress
+    )
     rows.sort(key=lambda row: row["index"])
     gif_paths = _write_gifs(out_dir, rows, gifs, gif_count)
     summary = _summary(model_dir, adapter, mazes, count, job, rows, gif_paths, out_dir, workers)
+    summary["worker_placement"] = placement  # node, GPUs and device of each worker
+    summary["gpus_per_worker"] = gpus
     summary["rollout_seconds"] = round(rollout_seconds, 3)
     summary["episodes_per_second"] = count / rollout_seconds if rollout_seconds > 0 else 0.0
     summary["wall_seconds"] = round(time.perf_counter() - started, 3)
@@ -195,7 +201,7 @@ def _run_on_ray(
     gpus: float,
     ray_address: str | None,
     progress: Callable[[int, int], None] | None,
-) -> tuple[list[dict[str, Any]], dict[int, bytes], float]:
+) -> tuple[list[dict[str, Any]], dict[int, bytes], float, list[dict[str, Any]]]:
     import ray
     from ray.util import ActorPool
 
@@ -210,7 +216,7 @@ def _run_on_ray(
         actor = ray.remote(num_cpus=job.threads, num_gpus=gpus)(EvalWorker)
         actors = [actor.remote(job) for _ in range(workers)]
         # Actors load the policy in their constructor; waiting for it keeps the rollout clock honest.
-        ray.get([a.ready.remote() for a in actors])
+        placement = ray.get([a.placement.remote() for a in actors])
         pool = ActorPool(actors)
         total = sum(len(chunk) for chunk in chunks)
         rollout_started = time.perf_counter()
@@ -223,7 +229,7 @@ def _run_on_ray(
             gifs |= result.gifs
             if progress is not None:
                 progress(len(rows), total)
-        return rows, gifs, time.perf_counter() - rollout_started
+        return rows, gifs, time.perf_counter() - rollout_started, placement
     finally:
         if started_here:
             ray.shutdown()

@@ -68,9 +68,16 @@ class EvalWorker:
         self.eval_set = load_eval_set(job.eval_set)
         self.engine, self.processor = make_engine(job)
 
-    def ready(self) -> bool:
-        """Returns once the policy is loaded."""
-        return True
+    def placement(self) -> dict[str, Any]:
+        """Where this worker runs (returns once the policy is loaded): the Ray node, the GPUs Ray
+        gave it, and the device the engine uses, so a report can show that GPU workers got GPUs."""
+        import ray
+
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "device": str(getattr(self.engine, "device", "n/a")),
+        }
 
     def run(self, indices: list[int]) -> ChunkResult:
         from mazerl.policy.engines import GenerationSettings

@@ -4,6 +4,8 @@
 
     checkpoints/
       latest_ckpt_global_step.txt      "N", written last (by rename)
+      base_model.json                  the base model the adapters belong to (SkyRL backend; its
+                                       trainer_state.pt has no room for it)
       global_step_<N>/
         trainer_state.pt               global step, config, data order, base-model fingerprint
         policy/lora_adapter/           PEFT adapter (adapter_config.json + adapter_model.safetensors)
@@ -17,6 +19,7 @@ reader trusts only the step the marker names, and verifies that directory before
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -27,7 +30,10 @@ from typing import Any
 
 import torch
 
+from mazerl.fingerprint import mismatch, model_fingerprint
+
 MARKER = "latest_ckpt_global_step.txt"
+BASE_MODEL_RECORD = "base_model.json"
 TRAINER_STATE = "trainer_state.pt"
 ADAPTER_SUBDIR = Path("policy") / "lora_adapter"
 REQUIRED_FILES = (
@@ -165,6 +171,38 @@ def prune(root: Path, keep: int) -> list[Path]:
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed
+
+
+def recorded_base_fingerprint(root: Path) -> str | None:
+    """The base-model fingerprint written beside the checkpoints, or None if there is no record."""
+    path = Path(root) / BASE_MODEL_RECORD
+    try:
+        return str(json.loads(path.read_text())["fingerprint"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path} is unreadable ({exc}); restore it or delete it with the checkpoints") from exc
+
+
+def record_base_model(root: Path, base_model: Path) -> str:
+    """Write ``base_model.json`` beside the checkpoints, or check the one already there.
+
+    For a backend whose own checkpoint files cannot carry the base model's fingerprint (SkyRL),
+    so that a resume and the merge can refuse adapters trained from another base model.
+    """
+    root, base_model = Path(root), Path(base_model)
+    fingerprint = model_fingerprint(base_model)
+    recorded = recorded_base_fingerprint(root)
+    if recorded is not None and recorded != fingerprint:
+        raise CheckpointError(
+            f"the checkpoints in {root} were trained from {mismatch(recorded, f'base_model {base_model}', fingerprint)}"
+            "; resume with the original base model, or use a new run_id to start a new run"
+        )
+    if recorded is None:
+        root.mkdir(parents=True, exist_ok=True)
+        record = {"fingerprint": fingerprint, "base_model": str(base_model)}
+        _write_text_atomic(root / BASE_MODEL_RECORD, json.dumps(record, indent=2) + "\n")
+    return fingerprint
 
 
 def save_trainer_state(path: Path, state: dict[str, Any]) -> None:

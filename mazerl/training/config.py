@@ -7,6 +7,7 @@ checkpoint and is logged to MLflow.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -212,6 +213,14 @@ class TrainConfig(StrictModel):
                     f"({self.skyrl.tensor_parallel_size}) so every vLLM engine gets whole GPUs"
                 )
         return self
+
+    def identity(self) -> dict[str, str]:
+        """What makes two training jobs the same training (the submitter's cross-run re-attach):
+        a digest of every setting except the names a pipeline run gives it (``run_id``, the MLflow
+        run), the data root, and the run directory it writes into (``run_id``)."""
+        settings = self.model_dump(mode="json", exclude={"run_id": True, "mlflow": {"run_id"}})
+        digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+        return {"config_digest": digest, "data_root": str(self.data_root), "run_id": self.run_id}
 
     # Derived locations (design section 2).
     @property
