@@ -25,7 +25,7 @@ class MergedModel:
 @task(name="merge_lora", retries=1, retry_delay_seconds=5, persist_result=True)
 def merge(run: RunContext, trained: TrainOutcome, params: PipelineParams) -> MergedModel:
     logger = get_run_logger()
-    run_id = run.stage_run_ids["merge_lora"]
+    run_id = run.stage_run_id("merge_lora")
     with stage_run(run.tracking_uri, run_id):
         report = merge_lora(
             run.base_model,
@@ -35,5 +35,7 @@ def merge(run: RunContext, trained: TrainOutcome, params: PipelineParams) -> Mer
             log=logger.info,
         )
         logger.info(report.summary())
-        logged = log_merged_model(run.tracking_uri, run_id, report.merged_dir, params.max_artifact_mb)
+        logged = log_merged_model(
+            run.tracking_uri, run_id, report.merged_dir, params.max_artifact_mb, eval_set=run.eval_set
+        )
     return MergedModel(Path(report.merged_dir), logged.source, report.checkpoint_step or 0, report.summary())
