@@ -15,7 +15,7 @@ from envs.evalset import load as load_eval_set
 from mazerl.evaluation.evaluate import EvalReport
 from mazerl.params import PipelineParams
 from mazerl.tracking.curves import log_learning_curve
-from mazerl.tracking.lineage import HEADLINE_METRICS, client_for, experiment_url, set_run_status, ui_url
+from mazerl.tracking.lineage import HEADLINE_METRICS, client_for, experiment_url, fails_run, set_run_status, ui_url
 from mazerl.tracking.registry import PromotionDecision, promote
 from mazerl.tracking.secrets import scrub_text
 from tasks.context import RunContext
@@ -82,6 +82,14 @@ def exact_mcnemar_p(fixed: int, broken: int) -> float:
     return min(1.0, 2 * tail)
 
 
+def greedy_eval_mazes(params: PipelineParams, run: RunContext) -> str:
+    """Which mazes the trainer's greedy evals play, in words, for the learning curve's legend."""
+    config = params.train_config(run.run_id, run.base_model)
+    total = len(load_eval_set(config.eval_set))
+    played = min(config.eval_mazes or total, total)
+    return f"{'all' if played == total else f'the first {played} of the'} {total} mazes of {config.eval_set}"
+
+
 @task(name="promote", retries=1, retry_delay_seconds=5)
 def promote_model(
     run: RunContext,
@@ -92,29 +100,11 @@ def promote_model(
     trained: TrainOutcome,
 ) -> PipelineSummary:
     """Register and maybe promote; then the curve, the headline metrics and the summary on the parent run."""
-    try:
+    with fails_run(run.tracking_uri, run.pipeline_run_id):  # the parent's duration ends here too
         return _promote(run, params, baseline, final, merged, trained)
-    except BaseException:
-        set_run_status(run.tracking_uri, run.pipeline_run_id, "FAILED")  # the parent's duration ends here too
-        raise
 
 
-def greedy_eval_mazes(params: PipelineParams, run: RunContext) -> str:
-    """Which mazes the trainer's greedy evals play, in words, for the learning curve's legend."""
-    config = params.train_config(run.run_id, run.base_model)
-    total = len(load_eval_set(config.eval_set))
-    played = min(config.eval_mazes or total, total)
-    return f"{'all' if played == total else f'the first {played} of the'} {total} mazes of {config.eval_set}"
-
-
-def _promote(
-    run: RunContext,
-    params: PipelineParams,
-    baseline: EvalReport,
-    final: EvalReport,
-    merged: MergedModel,
-    trained: TrainOutcome,
-) -> PipelineSummary:
+def _promote(run, params, baseline, final, merged, trained) -> PipelineSummary:
     logger = get_run_logger()
     decision: PromotionDecision = promote(
         run.tracking_uri,

@@ -98,12 +98,15 @@ def test_png_data_uri_round_trips():
     assert np.array_equal(np.asarray(image_from_data_uri(uri)), frame)
 
 
-def test_episode_gif_has_one_frame_per_step(tmp_path):
+def solved_episode_frames() -> list[np.ndarray]:
+    """The frames of maze 0 (7x7, 16 px) played along its shortest path."""
     layout = Layout.generate(0, 7)
     env = MazeEnv(size=7, cell_px=16, max_moves=50)
-    frames = [env.reset(layout=layout)[0]]
-    for text in solve(layout):
-        frames.append(env.step(text)[0])
+    return [env.reset(layout=layout)[0]] + [env.step(text)[0] for text in solve(layout)]
+
+
+def test_episode_gif_has_one_frame_per_step(tmp_path):
+    frames = solved_episode_frames()
     path = episode_gif(frames, tmp_path / "ep" / "episode.gif")
     with Image.open(path) as gif:
         # GIF writers merge identical consecutive frames (the final stop changes nothing).
@@ -116,11 +119,7 @@ def test_episode_gif_has_one_frame_per_step(tmp_path):
 
 def test_episode_gif_is_scaled_up_with_its_caption_under_the_maze(tmp_path):
     # given a 7x7 maze at 16 px (112 px frames) and a solved episode
-    layout = Layout.generate(0, 7)
-    env = MazeEnv(size=7, cell_px=16, max_moves=50)
-    frames = [env.reset(layout=layout)[0]]
-    for text in solve(layout):
-        frames.append(env.step(text)[0])
+    frames = solved_episode_frames()
     caption = episode_caption(True, len(frames) - 1)
     assert caption == f"solved in {len(frames) - 1} moves" and episode_caption(False, 1) == "failed after 1 move"
     # when it is written with its caption

@@ -367,6 +367,16 @@ def set_run_status(tracking_uri: str, run_id: str, status: str) -> None:
 
 
 @contextlib.contextmanager
+def fails_run(tracking_uri: str, run_id: str) -> Iterator[str]:
+    """``with fails_run(uri, run_id):`` marks the run FAILED (ending it now) if the body raises."""
+    try:
+        yield run_id
+    except BaseException:
+        set_run_status(tracking_uri, run_id, "FAILED")
+        raise
+
+
+@contextlib.contextmanager
 def stage_run(tracking_uri: str, run_id: str, *, finish: bool = True) -> Iterator[str]:
     """``with stage_run(uri, run_id):`` marks the run RUNNING, then FINISHED, or FAILED on an exception.
 
