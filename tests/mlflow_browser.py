@@ -109,7 +109,7 @@ def check_pipeline_run_pages(root: Path, summary, tmp_path: Path, screenshots: s
     shots = Path(screenshots) if screenshots else None
     with MlflowUi(root, tmp_path / "mlflow-ui.log") as ui, sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        page = browser.new_page(viewport={"width": 2000 if shots else 1600, "height": 1000})  # shots: room for columns
         page.set_default_timeout(PAGE_TIMEOUT_MS)
         # 1. The link the run's summary prints opens the parent's run page with its headline metrics.
         page.goto(summary.mlflow_url.replace("http://127.0.0.1:5000", ui.url))
@@ -118,7 +118,11 @@ def check_pipeline_run_pages(root: Path, summary, tmp_path: Path, screenshots: s
         assert summary.run_id in text, "the run page is titled with the readable run id"
         for name in summary.headline_metrics():
             assert name in text, f"the run page lists the headline metric {name}"
+        page.locator("a", has_text="verify_cluster").first.wait_for()  # "Child runs" lists the stages
+        for stage in STAGES:
+            assert page.locator("a", has_text=stage).count(), f"the run page links the stage run {stage}"
         if shots:
+            page.get_by_text("result/budget_ceiling").first.scroll_into_view_if_needed()
             page.screenshot(path=str(shots / "mlflow_run_page.png"))
         # 2. The runs table (the docs' link) shows the headline metric columns, and the stage runs
         # under the parent each with its own duration.

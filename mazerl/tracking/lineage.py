@@ -80,7 +80,7 @@ HEADLINE_METRICS = (
 RUNS_VIEW = "mazerl"
 TAG_RUNS_VIEW = f"mlflow.sharedViewState.{RUNS_VIEW}"
 RUNS_VIEW_STATE = {
-    "selectedColumns": ["attributes.`Source`", "attributes.`Models`", *(f"metrics.`{m}`" for m in HEADLINE_METRICS)],
+    "selectedColumns": [f"metrics.`{name}`" for name in HEADLINE_METRICS],
     "orderByKey": "attributes.start_time",
     "orderByAsc": False,
 }
