@@ -203,9 +203,14 @@ class PipelineParams(EvalEngineParams):
             return self.eval_set
         return EMBEDDED_EVAL_SET if self.base_model is None else "maze64-easy-v1"
 
+    def training_recipe(self) -> str:
+        """The recipe the ``training`` overrides apply to: ``embedded`` (the starter on the local
+        backend, EMBEDDED_TRAINING) or ``defaults`` (TrainConfig's own defaults)."""
+        return "embedded" if self.base_model is None and self.backend == "local" else "defaults"
+
     def train_config(self, run_id: str, base_model: Path, mlflow_run_id: str | None = None) -> TrainConfig:
         """The training config this pipeline run trains with; errors name ``training.<field>``."""
-        embedded = EMBEDDED_TRAINING if self.base_model is None and self.backend == "local" else {}
+        embedded = EMBEDDED_TRAINING if self.training_recipe() == "embedded" else {}
         merged = _deep_merge(embedded, self.training)
         fixed = {
             "run_id": run_id,

@@ -37,7 +37,7 @@ def check_cluster(context: RunContext, params: PipelineParams) -> dict:
     """Run the readiness checks; publish them as a Prefect table and an MLflow table; raise if not ready."""
     logger = get_run_logger()
     config = params.train_config(context.run_id, context.base_model)
-    run_id = context.stage_run_ids["verify_cluster"]
+    run_id = context.stage_run_id("verify_cluster")
     with stage_run(context.tracking_uri, run_id):
         report = verify_cluster(
             context.ray_address,

@@ -81,7 +81,9 @@ def _evaluate(run: RunContext, stage: str, model_dir: Path, settings: EvalSettin
         "max_new_tokens": settings.max_new_tokens,
     }
     request_path = write_request(out_dir / "request.json", request)
-    run_stage_job(run, stage, "mazerl.evaluation.job_entry", request_path)
+    # The stage's MLflow run starts with the eval job; record_eval ends it once the report is logged.
+    with stage_run(run.tracking_uri, run.stage_run_id(f"{stage}_eval"), finish=False):
+        run_stage_job(run, stage, "mazerl.evaluation.job_entry", request_path)
     return EvalReport.from_summary(out_dir / "summary.json")
 
 
@@ -101,7 +103,7 @@ def final_eval(run: RunContext, merged_model: Path, settings: EvalSettings) -> E
 def record_eval(run: RunContext, stage: str, report: EvalReport) -> dict[str, float]:
     """Log an eval report into this pipeline run's stage run (also when the report came from the cache)."""
     logger = get_run_logger()
-    run_id = run.stage_run_ids[stage]
+    run_id = run.stage_run_id(stage)
     if not report.summary_path.is_file():
         raise FileNotFoundError(
             f"the {stage} report {report.summary_path} is gone (was the data root cleaned?); re-run with "

@@ -3,7 +3,8 @@
 The merge runs as a Ray job (``mazerl.tracking.merge_entry``) asking Ray for the memory it needs
 (:mod:`mazerl.tracking.merge_memory`): a whole copy of the base model, which a flow-run pod does
 not have. The job writes the merged directory and its ``merge_record.json`` on the shared mount;
-this task reads the record back and logs the model to MLflow.
+the job also saves it as an MLflow transformers model beside it (``<run>/mlflow_model``); this task
+reads the record back and uploads that model to MLflow.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class MergedModel:
 )
 def merge(run: RunContext, trained: TrainOutcome, params: PipelineParams) -> MergedModel:
     logger = get_run_logger()
-    run_id = run.stage_run_ids["merge_lora"]
+    run_id = run.stage_run_id("merge_lora")
     out_dir = run.run_dir / "merged"
     request = write_request(
         run.run_dir / "merge_request.json",
@@ -48,6 +49,8 @@ def merge(run: RunContext, trained: TrainOutcome, params: PipelineParams) -> Mer
             "checkpoints_dir": str(trained.checkpoints_dir),
             "out_dir": str(out_dir),
             "probe_eval_set": run.eval_set,
+            "mlflow_model_dir": str(run.run_dir / "mlflow_model"),
+            "max_artifact_mb": params.max_artifact_mb,
         },
     )
     need = merge_memory(weights_bytes(run.base_model))
@@ -56,5 +59,5 @@ def merge(run: RunContext, trained: TrainOutcome, params: PipelineParams) -> Mer
         run_stage_job(run, "merge_lora", "mazerl.tracking.merge_entry", request, entrypoint_memory=need.total_bytes)
         report = MergeReport.read(out_dir)
         logger.info(report.summary())
-        logged = log_merged_model(run.tracking_uri, run_id, report.merged_dir, params.max_artifact_mb)
+        logged = log_merged_model(run.tracking_uri, run_id, report.merged_dir, run.run_dir / "mlflow_model")
     return MergedModel(Path(report.merged_dir), logged.source, report.checkpoint_step or 0, report.summary())

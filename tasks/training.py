@@ -41,7 +41,7 @@ class TrainOutcome:
 def train(run: RunContext, params: PipelineParams) -> TrainOutcome:
     """Submit the backend's entrypoint; a retry resubmits and the job resumes from the marker's step."""
     logger = get_run_logger()
-    run_id = run.stage_run_ids["train"]
+    run_id = run.stage_run_id("train")
     config = params.train_config(run.run_id, run.base_model, mlflow_run_id=run_id)
     config_path = save_config(config, run.run_dir / "train_config.json")
     progress_id = create_progress_artifact(0.0, key="train-progress", description=f"GRPO steps of {run.run_id}")

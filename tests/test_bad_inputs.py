@@ -496,5 +496,5 @@ def test_an_unready_cluster_stops_the_flow_at_verify_cluster(world, expensive_wo
     experiments = [experiment.experiment_id for experiment in client.search_experiments()]
     runs = {run.info.run_name: run.info.status for run in client.search_runs(experiments)}
     assert runs["verify_cluster"] == "FAILED", runs
-    assert all(runs[stage] == "SCHEDULED" for stage in ("baseline_eval", "train", "merge_lora", "final_eval")), runs
+    assert not {"baseline_eval", "train", "merge_lora", "final_eval"} & set(runs), runs  # created when they start
     assert not (world.root / "runs").exists(), "no stage wrote a run directory"

@@ -469,4 +469,4 @@ def test_ray_head_gone_when_the_train_stage_starts_is_a_retryable_error_naming_t
     assert outcome["retried"] is True, "train's retry condition retries infrastructure failures"
     from mlflow.tracking import MlflowClient
 
-    assert MlflowClient(uri).get_run(runs.stage_run_ids["train"]).info.status == "FAILED"
+    assert MlflowClient(uri).get_run(runs.run_id("train")).info.status == "FAILED"

@@ -368,6 +368,8 @@ def test_merge_entry_with_no_checkpoint_is_exit_2_not_a_retry(starter_model_dir,
         "checkpoints_dir": str(tmp_path / "no-checkpoints"),
         "out_dir": str(tmp_path / "merged"),
         "probe_eval_set": "maze256-small-v1",
+        "mlflow_model_dir": str(tmp_path / "mlflow_model"),
+        "max_artifact_mb": 512,
     }
     (tmp_path / "merge_request.json").write_text(json.dumps(request))
     assert main(["--config", str(tmp_path / "merge_request.json")]) == EXIT_CONFIG_ERROR

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envs.render import episode_caption
 from mazerl.evaluation.summary import result_row
 
 
@@ -101,13 +102,13 @@ class EvalWorker:
         for solved in (True, False):
             chosen = [(i, e) for i, e in zip(indices, episodes, strict=True) if e.solved == solved]
             for index, episode in chosen[: job.gif_candidates]:
-                gifs[index] = gif_bytes(episode.frames)
+                gifs[index] = gif_bytes(episode.frames, episode_caption(episode.solved, episode.moves))
         return ChunkResult(rows=rows, gifs=gifs)
 
 
-def gif_bytes(frames: list) -> bytes:
+def gif_bytes(frames: list, caption: str | None = None) -> bytes:
     from envs.render import episode_gif
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = episode_gif(frames, Path(tmp) / "episode.gif")
+        path = episode_gif(frames, Path(tmp) / "episode.gif", caption=caption)
         return path.read_bytes()

@@ -50,6 +50,7 @@ import torch
 
 from envs.evalset import EMBEDDED_EVAL_SET
 from mazerl.fingerprint import mismatch, model_fingerprint
+from mazerl.paths import dir_size_mb
 from mazerl.tracking.merge_memory import SAVE_SHARD, check_merge_memory, merge_memory, weights_bytes
 from mazerl.training import checkpoints
 
@@ -337,10 +338,6 @@ def stored_dtype(model_dir: Path) -> torch.dtype:
     return _dtype(name) if name else torch.float32
 
 
-def _dir_size_mb(path: Path) -> float:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
-
-
 def _reusable(out_dir: Path, base_fingerprint: str, adapter_sha: str) -> MergeReport | None:
     record = out_dir / MERGE_RECORD
     if not record.is_file():
@@ -547,7 +544,7 @@ def merge_adapter(
             probe_tokens=int(base_logits.shape[0]),
             proof_dtype=str(proof).removeprefix("torch."),
             save_dtype=str(target_dtype).removeprefix("torch."),
-            size_mb=round(_dir_size_mb(tmp), 3),
+            size_mb=round(dir_size_mb(tmp), 3),
             seconds=round(time.perf_counter() - started, 2),
         )
         (tmp / MERGE_RECORD).write_text(json.dumps(asdict(report), indent=2) + "\n")

@@ -418,9 +418,10 @@ class LocalGRPOTrainer:
         metrics = {
             "train/policy_loss": float(np.mean(losses)),
             "train/grad_norm": float(np.mean(grad_norms)),
-            "train/clip_fraction": float(np.mean(clip_fracs)),
             "train/optimizer_steps": float(len(grad_norms)),
         }
+        if len(grad_norms) > 1:  # one optimizer step per batch: the ratio is 1 everywhere, nothing can clip
+            metrics["train/clip_fraction"] = float(np.mean(clip_fracs))
         if grpo.kl_coef > 0:
             metrics["train/kl"] = float(np.mean(kls))
         return metrics
