@@ -11,7 +11,7 @@ IMAGE_BIN := $(IMAGE_VENV)/bin
 IMAGE_STAMP := $(IMAGE_VENV)/.installed
 IMAGE_CONSTRAINTS := deployments/docker/constraints.txt
 
-.PHONY: run test test-suite test-image-stack lint bench venv clean-venv
+.PHONY: run test test-suite test-image-stack browser lint bench venv clean-venv
 
 venv: $(STAMP)
 
@@ -45,13 +45,21 @@ run: $(STAMP)
 # `image_stack` on the image's stack. pytest exits 5 when it collects no tests: a failure, not a pass.
 test: test-suite test-image-stack
 
-test-suite: $(STAMP)
+test-suite: $(STAMP) browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
 
 test-image-stack: $(IMAGE_STAMP)
 	$(IMAGE_BIN)/python -m pytest -m image_stack $(IMAGE_PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no image_stack tests"; exit 1; fi; exit $$rc
+
+# Headless Chromium for the MLflow UI test (tests/mlflow_browser.py), from Debian's packages:
+# Playwright's own browser download cannot reach its CDN where only package registries answer.
+browser:
+	@command -v chromium-headless-shell >/dev/null || { \
+		echo "installing chromium-headless-shell (apt-get) for the MLflow UI test"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium-headless-shell; \
+	} || { echo "error: the MLflow UI test needs chromium-headless-shell; install it with apt-get (as root)"; exit 1; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
