@@ -50,24 +50,31 @@ class InputError(ValueError):
         self.field = field
 
 
-def check_data_root(root: Path) -> None:
-    """The data root exists as a writable directory, or can be created (no file is written to find out)."""
+def check_data_root(root: Path, field: str = "data_root") -> None:
+    """The directory exists and is writable, or can be created (tried, and nothing is left to find out).
+
+    ``field`` is the name the user gave it by (``data_root``; ``--out`` for a command's output).
+    """
     root = Path(root)
     existing = root
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    fix = "choose a directory you can write with data_root (--data-root) or MAZERL_HOME"
+    fix = (
+        "choose a directory you can write with data_root (--data-root) or MAZERL_HOME"
+        if field == "data_root"
+        else f"choose a directory you can write for {field}"
+    )
     if not existing.is_dir():
         raise InputError(
-            "data_root", f"data_root={str(root)!r} cannot be created: {existing} is a file, not a directory; {fix}"
+            field, f"{field}={str(root)!r} cannot be created: {existing} is a file, not a directory; {fix}"
         )
     what = "is not writable" if existing == root else f"cannot be created: {existing} is not writable"
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise InputError("data_root", f"data_root={str(root)!r} {what} by this user (or is read-only); {fix}")
+        raise InputError(field, f"{field}={str(root)!r} {what} by this user (or is read-only); {fix}")
     try:  # the permission bits can pass where creating fails (root on /proc, some network mounts)
         os.rmdir(tempfile.mkdtemp(prefix=".mazerl-probe-", dir=existing))
     except OSError as exc:
-        raise InputError("data_root", f"data_root={str(root)!r} {what} ({exc.strerror}); {fix}") from None
+        raise InputError(field, f"{field}={str(root)!r} {what} ({exc.strerror}); {fix}") from None
 
 
 def check_eval_set(name: str) -> None:
