@@ -93,7 +93,6 @@ def check_base_model(model_dir: Path, field: str = "base_model") -> None:
     ``field`` is the name the user gave it by (``base_model``, or ``--model`` for ``mazerl eval``).
     """
     from mazerl.cluster.probe import check_model_dir
-    from mazerl.policy.loader import ModelLoadError, check_image_text_to_text
 
     found = check_model_dir(str(model_dir))
     if "the directory itself" in found["missing"]:
@@ -109,6 +108,8 @@ def check_base_model(model_dir: Path, field: str = "base_model") -> None:
             f"{field}={str(model_dir)!r} lacks {', '.join(found['missing'])}; copy the complete model directory "
             "(model.save_pretrained and processor.save_pretrained write all of it)",
         )
+    from mazerl.policy.loader import ModelLoadError, check_image_text_to_text  # imports torch: seconds
+
     try:
         check_image_text_to_text(model_dir)
     except ModelLoadError as exc:

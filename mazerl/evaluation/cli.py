@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from contextlib import ExitStack
 from pathlib import Path
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
@@ -97,11 +96,11 @@ def check_eval_flags(args: argparse.Namespace) -> tuple[Path, str, Path]:
     check_data_root(out, field="--out")
     if args.ray_address is not None:
         check_ray_address(args.ray_address)
-    else:
+    check_base_model(model, field="--model")
+    if args.ray_address is None:
         from mazerl.cluster.ray_local import check_temp_dir
 
-        check_temp_dir()
-    check_base_model(model, field="--model")
+        check_temp_dir()  # last: it makes the (private) directory when it is fine
     return model, eval_set, out
 
 
@@ -114,7 +113,6 @@ def run_eval_command(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from mazerl.cluster.ray_local import local_ray_head, ray_driver
     from mazerl.evaluation import evaluate
 
     bar = tqdm(total=0, unit="maze", desc=f"eval {model.name} on {eval_set}")
@@ -124,24 +122,21 @@ def run_eval_command(args: argparse.Namespace) -> int:
         bar.n = done
         bar.refresh()
 
-    try:
-        with ExitStack() as stack:
-            if args.ray_address is None:
-                stack.enter_context(ray_driver(stack.enter_context(local_ray_head())))
-            report = evaluate(
-                model,
-                adapter=args.adapter,
-                eval_set=eval_set,
-                engine=args.engine,
-                workers=args.workers,
-                out_dir=out,
-                gif_count=args.gifs,
-                max_mazes=args.max_mazes,
-                ray_address=args.ray_address,
-                history_images=args.history_images,
-                max_new_tokens=args.max_new_tokens,
-                progress=progress,
-            )
+    try:  # without an address (and no RAY_ADDRESS) evaluate() uses the embedded head
+        report = evaluate(
+            model,
+            adapter=args.adapter,
+            eval_set=eval_set,
+            engine=args.engine,
+            workers=args.workers,
+            out_dir=out,
+            gif_count=args.gifs,
+            max_mazes=args.max_mazes,
+            ray_address=args.ray_address,
+            history_images=args.history_images,
+            max_new_tokens=args.max_new_tokens,
+            progress=progress,
+        )
     except ValueError as exc:  # what only loading can find (a tokenizer without Qwen's tokens, ...)
         bar.close()
         print(f"error: {exc}", file=sys.stderr)

@@ -220,7 +220,7 @@ def _run_on_ray(
         if address is not None:
             ray.init(address=address, log_to_driver=False)
         else:
-            head = stack.enter_context(local_ray_head())
+            head = stack.enter_context(local_ray_head(num_cpus=max(workers * job.threads, 2)))  # if it starts one
             stack.enter_context(ray_driver(head))
             cpus = int(ray.cluster_resources().get("CPU", 0))
             if workers * job.threads > cpus:  # the actors would wait for CPUs forever

@@ -6,6 +6,7 @@
       latest_ckpt_global_step.txt      "N", written last (by rename)
       global_step_<N>/
         trainer_state.pt               global step, config, data order, base-model fingerprint
+        metrics.json                   the step's metrics row (local backend), replayed on resume if missing
         policy/lora_adapter/           PEFT adapter (adapter_config.json + adapter_model.safetensors)
         policy/optimizer.pt, scheduler.pt, rng_state.pt   (local backend)
 
@@ -17,6 +18,7 @@ reader trusts only the step the marker names, and verifies that directory before
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -29,6 +31,7 @@ import torch
 
 MARKER = "latest_ckpt_global_step.txt"
 TRAINER_STATE = "trainer_state.pt"
+METRICS = "metrics.json"
 ADAPTER_SUBDIR = Path("policy") / "lora_adapter"
 REQUIRED_FILES = (
     TRAINER_STATE,
@@ -101,11 +104,15 @@ def _write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save(root: Path, step: int, write: Callable[[Path], None], keep: int) -> Checkpoint:
+def save(
+    root: Path, step: int, write: Callable[[Path], None], keep: int, metrics: dict[str, float] | None = None
+) -> Checkpoint:
     """Build a checkpoint with ``write(tmp_dir)``, rename it into place, move the marker, prune.
 
     A crash at any point leaves the marker on the previous complete checkpoint: the
-    temporary directory is ignored (and cleared on the next save of that step).
+    temporary directory is ignored (and cleared on the next save of that step). ``metrics``
+    (the step's row) goes into the checkpoint too, so a crash after the marker moved but
+    before the row reached ``metrics.jsonl`` loses nothing (:func:`replay_metrics`).
     """
     root = Path(root)
     final = step_dir(root, step)
@@ -117,6 +124,8 @@ def save(root: Path, step: int, write: Callable[[Path], None], keep: int) -> Che
         tmp.mkdir()
         write(tmp)
         verify(tmp)
+        if metrics is not None:
+            (tmp / METRICS).write_text(json.dumps(metrics))
         if final.exists():  # left by a crash between rename and marker: never trusted, replace it
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -165,6 +174,18 @@ def prune(root: Path, keep: int) -> list[Path]:
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed
+
+
+def replay_metrics(checkpoint: Checkpoint, sink: Any) -> bool:
+    """Hand the checkpoint's own metrics row to ``sink.log(step, row)`` (which records a step once).
+
+    True when the checkpoint holds a row; a SkyRL checkpoint, or one written before rows were kept, holds none.
+    """
+    path = checkpoint.path / METRICS
+    if not path.is_file():
+        return False
+    sink.log(checkpoint.step, json.loads(path.read_text()))
+    return True
 
 
 def save_trainer_state(path: Path, state: dict[str, Any]) -> None:
