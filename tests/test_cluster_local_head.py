@@ -203,7 +203,8 @@ def test_the_head_temp_dir_stays_private_while_jobs_run(local_ray_head, tmp_path
     assert mode == 0o700, f"the head's temp dir is {mode:04o}: others could replace its registry or token"
     assert local_ray_head.ray_temp_dir.parent == local_ray_head.temp_dir, "Ray's own dir lies inside it"
     # and the head is still found there (its directory passes the checks).
-    assert find_local_head(local_ray_head.temp_dir) == local_ray_head
+    found = find_local_head(local_ray_head.temp_dir)
+    assert found is not None and (found.address, found.pid) == (local_ray_head.address, local_ray_head.pid)
 
 
 LEASE_HOLDER = """
