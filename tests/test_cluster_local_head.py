@@ -46,18 +46,24 @@ def head_processes(head) -> list[psutil.Process]:
     return list(found.values())
 
 
+def script_job(head, script, run: str | None = None, **options) -> RayJob:
+    """A Ray job on ``head`` that runs ``script`` with this Python, its log discarded."""
+    return RayJob(
+        head.address,
+        f"{sys.executable} {script}",
+        pipeline_run_id=run or f"t{uuid.uuid4().hex[:8]}",
+        attempt=1,
+        headers=head.auth_headers(),
+        log=lambda _line: None,
+        **options,
+    )
+
+
 def test_every_listening_socket_of_the_head_is_loopback(local_ray_head, tmp_path):
     # A running job makes the head start its job supervisor and a worker: they listen too.
     script = tmp_path / "wait.py"
     script.write_text("import time\nprint('up', flush=True)\ntime.sleep(30)\n")
-    running = RayJob(
-        local_ray_head.address,
-        f"{sys.executable} {script}",
-        pipeline_run_id=f"sock{uuid.uuid4().hex[:8]}",
-        attempt=1,
-        headers=local_ray_head.auth_headers(),
-        log=lambda _line: None,
-    )
+    running = script_job(local_ray_head, script)
     with running:
         client = job_client(local_ray_head.address, local_ray_head.auth_headers())
         deadline = time.monotonic() + 30
@@ -125,15 +131,7 @@ def test_reuse_stop_and_a_vanished_head_is_a_retryable_error_naming_its_address(
 
         script = tmp_path / "long.py"
         script.write_text("import time\nprint('step 0', flush=True)\ntime.sleep(600)\n")
-        running = RayJob(
-            head.address,
-            f"{sys.executable} {script}",
-            pipeline_run_id="gone",
-            attempt=1,
-            headers=head.auth_headers(),
-            log=lambda _line: None,
-            unreachable_grace_s=1.0,
-        )
+        running = script_job(head, script, "gone", unreachable_grace_s=1.0)
         running.start()
         head.stop()
         leftovers = [p.pid for p in psutil.process_iter(["cmdline"]) if temp in " ".join(p.info["cmdline"] or [])]
@@ -189,14 +187,7 @@ def test_the_head_temp_dir_stays_private_while_jobs_run(local_ray_head, tmp_path
     # Given the head, when a job has run on it (Ray opens its own temp dir to 0777 for every worker),
     script = tmp_path / "ok.py"
     script.write_text("print('ran', flush=True)\n")
-    with RayJob(
-        local_ray_head.address,
-        f"{sys.executable} {script}",
-        pipeline_run_id=f"priv{uuid.uuid4().hex[:8]}",
-        attempt=1,
-        headers=local_ray_head.auth_headers(),
-        log=lambda _line: None,
-    ) as job:
+    with script_job(local_ray_head, script) as job:
         assert job.wait().status == "SUCCEEDED"
     # then the directory that holds its registry and token is still this user's alone,
     mode = stat.S_IMODE(local_ray_head.temp_dir.stat().st_mode)
@@ -243,14 +234,7 @@ def test_the_head_outlives_the_run_that_started_it_while_another_run_still_uses_
         head = find_local_head(temp)
         script = tmp_path / "job.py"
         script.write_text(f"import os, time\nwhile not os.path.exists({str(job_may_end)!r}): time.sleep(0.1)\n")
-        job = RayJob(
-            head.address,
-            f"{sys.executable} {script}",
-            pipeline_run_id="second-run",
-            attempt=1,
-            headers=head.auth_headers(),
-            log=lambda _line: None,
-        )
+        job = script_job(head, script, "second-run")
         job.start()
         # when the run that started the head ends first,
         first_may_end.touch()
