@@ -19,7 +19,7 @@ standard ``JobSubmissionClient(address, headers=...)`` accepts.
 The head's temp dir is private: it must belong to this user and not be group- or
 world-writable (a directory someone else made, or opened up, is refused: whoever can write
 there can replace the registry or the token). Ray's own temp dir is a subdirectory of it
-(``r/``): Ray makes that one 0777 whenever it starts a worker (measured with Ray 2.5x), so
+(``r/``): Ray makes that one 0777 whenever it starts a worker (measured with Ray 2.60), so
 it is the private parent, which Ray never touches, that keeps other users out.
 
 Jobs see only an allow-listed environment (:data:`JOB_ENV_ALLOWED`, plus the names a user
