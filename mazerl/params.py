@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, ValidationError, model_validator
 
 from envs.evalset import EMBEDDED_EVAL_SET, SPECS
 from mazerl import paths
-from mazerl.training.config import TrainConfig
+from mazerl.training.config import PlainNumbers, TrainConfig
 
 REGISTERED_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\- ]{0,254}$")
 
@@ -59,10 +59,17 @@ def _check_ray_address(value: str | None) -> str | None:
     return value
 
 
+def _check_experiment(value: str) -> str:
+    if not value.strip():
+        raise ValueError(f"experiment ({value!r}) is empty; give an MLflow experiment name, e.g. 'vlm-maze-grpo'")
+    return value
+
+
 EvalSetName = Annotated[str | None, AfterValidator(_check_eval_set)]
 RegisteredModelName = Annotated[str | None, AfterValidator(_check_registered_model)]
 TrackingUri = Annotated[str | None, AfterValidator(_check_tracking_uri)]
 RayAddress = Annotated[str | None, AfterValidator(_check_ray_address)]
+ExperimentName = Annotated[str, AfterValidator(_check_experiment)]
 
 
 # The miniature recipe: seconds per stage on 2 cores (3-move episodes, 1 maze x 2 samples, a
@@ -95,10 +102,10 @@ EMBEDDED_TRAINING: dict[str, Any] = {
 }
 
 
-class EvalEngineParams(BaseModel):
+class EvalEngineParams(PlainNumbers):
     """Where and how the evals generate: the engine, and the GPUs each eval worker (Ray actor) takes."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     eval_engine: Literal["hf", "vllm"] = Field(
         "hf",
@@ -137,7 +144,7 @@ class EvalEngineParams(BaseModel):
 class PipelineParams(EvalEngineParams):
     """Parameters of one pipeline run (the Prefect flow's single argument)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     base_model: str | None = Field(
         None, description="HF model directory of the starting policy; None: the embedded starter (built if missing)."
@@ -155,7 +162,7 @@ class PipelineParams(EvalEngineParams):
     )
     data_root: str | None = Field(None, description="Root of models, runs and the embedded MLflow store.")
     tracking_uri: TrackingUri = Field(None, description="MLflow tracking URI; None: sqlite:///<data_root>/mlflow.db.")
-    experiment: str = Field("vlm-maze-grpo", description="MLflow experiment.")
+    experiment: ExperimentName = Field("vlm-maze-grpo", description="MLflow experiment.")
     registered_model: Annotated[str, AfterValidator(_check_registered_model)] = Field(
         "maze-vlm", description="MLflow registered model for the merged adapters."
     )
@@ -233,8 +240,8 @@ class PipelineParams(EvalEngineParams):
             return TrainConfig.model_validate({**merged, **fixed})
         except ValidationError as exc:
             first = exc.errors()[0]
-            field = ".".join(str(part) for part in first["loc"])
-            raise ValueError(f"training.{field}: {first['msg'].removeprefix('Value error, ')}") from exc
+            field = ".".join(["training", *(str(part) for part in first["loc"])])
+            raise ValueError(f"{field}: {first['msg'].removeprefix('Value error, ')}") from exc
 
 
 def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -249,7 +256,7 @@ def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
 class EvalParams(EvalEngineParams):
     """Parameters of the eval-only flow: a model directory or a registered model version."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model_dir: str | None = Field(None, description="HF model directory to evaluate.")
     registered_model: RegisteredModelName = Field(None, description="Registered model name (instead of model_dir).")
@@ -258,7 +265,7 @@ class EvalParams(EvalEngineParams):
     ray_address: RayAddress = Field(None, description="Ray dashboard address; None: start a local head.")
     data_root: str | None = Field(None, description="Root for eval outputs and the embedded MLflow store.")
     tracking_uri: TrackingUri = Field(None, description="MLflow tracking URI; None: the embedded store.")
-    experiment: str = Field("vlm-maze-eval", description="MLflow experiment of eval-only runs.")
+    experiment: ExperimentName = Field("vlm-maze-eval", description="MLflow experiment of eval-only runs.")
     eval_workers: int = Field(2, ge=1, description="Parallel eval workers.")
     max_eval_mazes: int | None = Field(None, ge=1, description="Evaluate only the first N mazes.")
     gif_count: int = Field(4, ge=0, description="Episode GIFs kept.")

@@ -14,7 +14,7 @@ from mazerl.cluster.ray_local import ensure_local_head
 from mazerl.fingerprint import model_fingerprint
 from mazerl.params import EvalParams, PipelineParams
 from mazerl.policy.starter import ensure_starter
-from mazerl.preflight import InputError, check_pipeline_inputs
+from mazerl.preflight import InputError, check_pipeline_inputs, check_tracking_uri
 from mazerl.tracking.lineage import (
     client_for,
     default_artifact_location,
@@ -109,13 +109,14 @@ def resolved_params(params: PipelineParams, run_id: str, base_model: Path) -> di
     }
 
 
-@task(name="prepare_eval", retries=1, retry_delay_seconds=5)
+@task(name="prepare_eval", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_bad_input)
 def prepare_eval(params: EvalParams) -> tuple[RunContext, Path]:
     """Resolve the model (a directory, or a registry version/alias), find or start Ray, open one MLflow run."""
     logger = get_run_logger()
+    tracking_uri = params.resolved_tracking_uri()
+    check_tracking_uri(tracking_uri)  # seconds, not MLflow's minutes of retries
     root = params.root()
     root.mkdir(parents=True, exist_ok=True)
-    tracking_uri = params.resolved_tracking_uri()
     if params.model_dir is not None:
         model_dir = Path(params.model_dir).expanduser().resolve()
     else:

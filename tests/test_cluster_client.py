@@ -119,6 +119,14 @@ def test_sagemaker_address_goes_through_the_real_toolkit_endpoint_unreachable_he
 
 
 def test_token_protected_head_rejects_a_client_without_the_token(local_ray_head):
+    import json
+    import urllib.request
+
     with pytest.raises(ClusterAccessError, match="token"):
         job_client(local_ray_head.address)
-    assert job_client(local_ray_head.address, local_ray_head.auth_headers()).list_jobs() is not None
+    # with the token, the client lists exactly the jobs the head's HTTP API lists with that token
+    listed = job_client(local_ray_head.address, local_ray_head.auth_headers()).list_jobs()
+    request = urllib.request.Request(local_ray_head.address + "/api/jobs/", headers=local_ray_head.auth_headers())
+    with urllib.request.urlopen(request, timeout=10) as response:
+        expected = {job["submission_id"] for job in json.loads(response.read())}
+    assert isinstance(listed, list) and {job.submission_id for job in listed} == expected

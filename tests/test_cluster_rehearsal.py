@@ -4,10 +4,11 @@ The cluster has the shape of deployments/k8s/raycluster.yaml, read from the mani
 the head group's CPUs, memory and ``num-gpus: 0``, and the gpu group's replicas with theirs
 (``num-gpus: 2`` each), every node labelled ``ray.io/node-group`` the way KubeRay labels them (it
 sets ``RAY_NODE_TYPE_NAME`` to the group name). Each node is its own ``ray start`` process tree
-with token authentication, so stopping one node's raylet is a real node failure. Unlike the
-embedded head, these nodes use the machine's own address: Ray's loopback-only mode
-(``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``) refuses a second node, and a node that joins rewrites a
-127.0.0.1 head address to the machine's.
+with token authentication, so stopping one node's raylet is a real node failure. Every node has
+its own loopback address (head 127.0.0.2, workers 127.0.0.3 and up), so nodes are told apart as on
+a real cluster and no traffic leaves the machine: Ray's loopback-only mode
+(``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``) refuses a second node, and its multi-node mode swaps
+127.0.0.1 itself (only that address) for the machine's external one.
 
 What stands in for what, as every test name says:
 - **no GPU**: the worker nodes *declare* two GPUs each. Ray schedules against declared resources,
@@ -40,6 +41,7 @@ import psutil
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
+from test_cluster_verify import fake_model_dir
 from test_fault_injection import training_processes, wait_for  # the trainer-process helpers, one home
 
 from mazerl.cluster.ray_local import LocalRayHead, _free_ports, _head_env, start_local_head
@@ -50,6 +52,7 @@ PROJECT = Path(__file__).resolve().parents[1]
 MANIFEST = PROJECT / "deployments" / "k8s" / "raycluster.yaml"
 PREFECT_YAML = PROJECT / "prefect.yaml"
 HEAD_GROUP = "headgroup"  # KubeRay's name for the head group
+HEAD_IP = "127.0.0.2"  # the head's loopback address; workers take 127.0.0.3 and up
 # Ray would prestart one worker process per logical CPU when the first driver connects; the
 # manifest's 52 + 3 x 40 CPUs are logical here, so start worker processes on demand only.
 NO_PRESTART = {"RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}
@@ -105,11 +108,15 @@ class RehearsalCluster:
             memory_mb=self.head_shape["memory_bytes"] // 2**20,
             object_store_mb=100,
             dashboard_port=0,
+            node_ip=HEAD_IP,
             extra_env={"RAY_NODE_TYPE_NAME": HEAD_GROUP, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", **NO_PRESTART},
         )
         wait_for(lambda: self.nodes(), 60, "the head node in Ray's node list")
         for _ in range(self.worker_shape["replicas"]):
             self.add_worker()
+        outside = [n["node_ip"] for n in self.nodes() if not n["node_ip"].startswith("127.")]
+        if outside:  # the rehearsal's traffic must stay on this machine's loopback interface
+            raise RuntimeError(f"rehearsal nodes on non-loopback addresses: {outside}")
 
     def add_worker(self, timeout_s: float = 120.0) -> str:
         known = {n["node_id"] for n in self.nodes()}
@@ -123,7 +130,7 @@ class RehearsalCluster:
             f"--address={self.head.gcs_address}",
             "--block",
             "--disable-usage-stats",
-            "--node-ip-address=127.0.0.1",
+            f"--node-ip-address=127.0.0.{3 + len(self.workers)}",  # each node its own loopback address
             f"--num-cpus={shape['cpus']}",
             f"--num-gpus={shape['gpus']}",
             f"--memory={shape['memory_bytes']}",
@@ -247,11 +254,7 @@ def test_rehearsal_no_gpu_verify_cluster_counts_gpus_per_node_and_checks_shared_
     # given the hyperpod deployment's training placement (3 nodes x 2 GPUs) and its eval (6 vLLM workers),
     params = hyperpod_params()
     config = params.train_config("r", tmp_path / "model")
-    model = tmp_path / "model"
-    model.mkdir()
-    for name, text in (("config.json", "{}"), ("preprocessor_config.json", "{}"), ("tokenizer.json", "{}")):
-        (model / name).write_text(text)
-    (model / "model.safetensors").write_bytes(b"\0" * 4096)
+    model = fake_model_dir(tmp_path / "model")  # real safetensors: verify reads the header
 
     def verify(**overrides):
         kwargs = {

@@ -33,16 +33,26 @@ EMBEDDED_ROWS = {
 
 
 def fake_model_dir(path: Path, *, weights: bool = True, processor: bool = True, tokenizer: bool = True) -> Path:
-    """The files verify_cluster looks for in a Hugging Face VLM directory (contents are not loaded)."""
+    """The files verify_cluster looks for in a Hugging Face VLM directory (weights: a header and 16 bytes)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps({"model_type": "qwen3_vl"}))
     if weights:
-        (path / "model.safetensors").write_bytes(b"\0" * 4096)
+        save_file({"w": np.zeros(4, dtype=np.float32)}, str(path / "model.safetensors"))
     if processor:
         (path / "preprocessor_config.json").write_text("{}")
     if tokenizer:
         (path / "tokenizer.json").write_text("{}")
     return path
+
+
+def truncated(weights: Path) -> Path:
+    """A copy that stopped early: the last bytes of the data are missing (the header still declares them)."""
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-6])
+    return weights.parent
 
 
 def closed_port_address() -> str:
@@ -165,6 +175,10 @@ def test_requirements_follow_the_training_config(tmp_path):
         ),
         (lambda p: fake_model_dir(p, tokenizer=False), ["a tokenizer (tokenizer.json or tokenizer_config.json)"]),
         (lambda p: p, ["the directory itself"]),
+        (
+            lambda p: truncated(fake_model_dir(p) / "model.safetensors"),
+            ["a complete model.safetensors (it is truncated: 74 of the 80 bytes its header declares)"],
+        ),
     ],
 )
 def test_model_dir_check_names_what_is_missing(tmp_path, build, missing):
@@ -172,8 +186,11 @@ def test_model_dir_check_names_what_is_missing(tmp_path, build, missing):
 
 
 def test_model_dir_check_follows_the_shard_index(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
     model = fake_model_dir(tmp_path / "m", weights=False)
-    (model / "model-00001-of-00002.safetensors").write_bytes(b"\0" * 16)
+    save_file({"a": np.zeros(2, dtype=np.float32)}, str(model / "model-00001-of-00002.safetensors"))
     index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
     (model / "model.safetensors.index.json").write_text(json.dumps(index))
     assert check_model_dir(str(model))["missing"] == ["weight shard model-00002-of-00002.safetensors"]

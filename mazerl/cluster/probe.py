@@ -44,6 +44,28 @@ def node_name(node: dict[str, Any]) -> str:
     return f"{node['address']} ({node['node_id'][:8]})" if node.get("node_id") else node["address"]
 
 
+def safetensors_problem(handle: Any, size: int) -> str | None:
+    """What is wrong with a safetensors file, from its header alone (milliseconds, whatever its size).
+
+    The format is an 8-byte little-endian header length, a JSON header giving every tensor's byte
+    range, then the data: a file shorter than the largest range's end was cut off (a copy that stopped).
+    """
+    head = handle.read(8)
+    if len(head) < 8:
+        return f"is {size} bytes, too short for a safetensors header"
+    length = int.from_bytes(head, "little")
+    if length > size - 8:
+        return f"declares a {length}-byte header but holds {size} bytes in all: it is truncated or not safetensors"
+    try:
+        header = json.loads(handle.read(length))
+        end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return "has no readable safetensors header"
+    if size < 8 + length + end:
+        return f"is truncated: {size} of the {8 + length + end} bytes its header declares"
+    return None
+
+
 def check_model_dir(model_dir: str) -> dict[str, Any]:
     """What a Hugging Face VLM directory needs to be loadable, as found on this node."""
     path = Path(model_dir)
@@ -73,13 +95,15 @@ def check_model_dir(model_dir: str) -> dict[str, Any]:
         shards |= set(path.glob(pattern))
     if not shards:
         result["missing"].append("weights (*.safetensors or pytorch_model*.bin)")
-    for shard in shards:
+    for shard in sorted(shards):
         try:
             with open(shard, "rb") as handle:
-                handle.read(8)  # readable, not just listed
+                problem = safetensors_problem(handle, shard.stat().st_size) if shard.suffix == ".safetensors" else None
             result["weights_bytes"] += shard.stat().st_size
         except OSError as exc:
-            result["missing"].append(f"a readable {shard.name} ({exc.strerror})")
+            problem = f"cannot be read ({exc.strerror})"
+        if problem:
+            result["missing"].append(f"a complete {shard.name} (it {problem})")
     if not any((path / name).is_file() for name in PROCESSOR_FILES):
         result["missing"].append(f"a processor config ({' or '.join(PROCESSOR_FILES)})")
     if not any((path / name).is_file() for name in TOKENIZER_FILES):

@@ -8,6 +8,7 @@
                                        trainer_state.pt has no room for it)
       global_step_<N>/
         trainer_state.pt               global step, config, data order, base-model fingerprint
+        metrics.json                   the step's metrics row (local backend), replayed on resume if missing
         policy/lora_adapter/           PEFT adapter (adapter_config.json + adapter_model.safetensors)
         policy/optimizer.pt, scheduler.pt, rng_state.pt   (local backend)
 
@@ -35,6 +36,7 @@ from mazerl.fingerprint import mismatch, model_fingerprint
 MARKER = "latest_ckpt_global_step.txt"
 BASE_MODEL_RECORD = "base_model.json"
 TRAINER_STATE = "trainer_state.pt"
+METRICS = "metrics.json"
 ADAPTER_SUBDIR = Path("policy") / "lora_adapter"
 REQUIRED_FILES = (
     TRAINER_STATE,
@@ -107,11 +109,15 @@ def _write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save(root: Path, step: int, write: Callable[[Path], None], keep: int) -> Checkpoint:
+def save(
+    root: Path, step: int, write: Callable[[Path], None], keep: int, metrics: dict[str, float] | None = None
+) -> Checkpoint:
     """Build a checkpoint with ``write(tmp_dir)``, rename it into place, move the marker, prune.
 
     A crash at any point leaves the marker on the previous complete checkpoint: the
-    temporary directory is ignored (and cleared on the next save of that step).
+    temporary directory is ignored (and cleared on the next save of that step). ``metrics``
+    (the step's row) goes into the checkpoint too, so a crash after the marker moved but
+    before the row reached ``metrics.jsonl`` loses nothing (:func:`replay_metrics`).
     """
     root = Path(root)
     final = step_dir(root, step)
@@ -123,6 +129,8 @@ def save(root: Path, step: int, write: Callable[[Path], None], keep: int) -> Che
         tmp.mkdir()
         write(tmp)
         verify(tmp)
+        if metrics is not None:
+            (tmp / METRICS).write_text(json.dumps(metrics))
         if final.exists():  # left by a crash between rename and marker: never trusted, replace it
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -203,6 +211,18 @@ def record_base_model(root: Path, base_model: Path) -> str:
         record = {"fingerprint": fingerprint, "base_model": str(base_model)}
         _write_text_atomic(root / BASE_MODEL_RECORD, json.dumps(record, indent=2) + "\n")
     return fingerprint
+
+
+def replay_metrics(checkpoint: Checkpoint, sink: Any) -> bool:
+    """Hand the checkpoint's own metrics row to ``sink.log(step, row)`` (which records a step once).
+
+    True when the checkpoint holds a row; a SkyRL checkpoint, or one written before rows were kept, holds none.
+    """
+    path = checkpoint.path / METRICS
+    if not path.is_file():
+        return False
+    sink.log(checkpoint.step, json.loads(path.read_text()))
+    return True
 
 
 def save_trainer_state(path: Path, state: dict[str, Any]) -> None:
