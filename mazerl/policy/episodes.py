@@ -21,7 +21,14 @@ import numpy as np
 import torch
 
 from envs.maze import ActionFormat, Layout, MazeEnv, optimal_moves
-from mazerl.policy.chat import Conversation, HistoryImages, check_history_images, render
+from mazerl.policy.chat import (
+    Conversation,
+    HistoryImages,
+    HistoryText,
+    check_history_images,
+    check_history_text,
+    render,
+)
 from mazerl.policy.engines import GenerationRequest, GenerationSettings, HFEngine, InferenceEngine
 
 
@@ -82,6 +89,7 @@ def run_episodes(
     action_format: ActionFormat = "tuple",
     cell_px: int = 16,
     history_images: HistoryImages = 1,
+    history_text: HistoryText = "all",
     keep_frames: bool = False,
     format_bonus: float = 0.0,
     on_turn: Callable[[int, int], None] | None = None,
@@ -96,6 +104,7 @@ def run_episodes(
     if isinstance(engine, torch.nn.Module):
         engine = HFEngine(engine, processor)
     check_history_images(history_images)
+    check_history_text(history_text)
     if format_bonus < 0:
         raise ValueError(f"format_bonus={format_bonus} must be >= 0 (0 disables it)")
     if maze_ids is not None and len(maze_ids) != len(layouts):
@@ -107,7 +116,7 @@ def run_episodes(
             break
         if on_turn is not None:
             on_turn(turn, len(active))
-        contexts = [render(processor, episode.conversation, history_images) for episode in active]
+        contexts = [render(processor, episode.conversation, history_images, history_text) for episode in active]
         requests = [GenerationRequest(input_ids=ids, images=images) for ids, images in contexts]
         results = engine.generate(requests, settings.for_turn(turn))
         for episode, (ids, images), result in zip(active, contexts, results, strict=True):

@@ -81,6 +81,11 @@ class StarterConfig(BaseModel):
     history_images: int | Literal["all"] = Field(
         1, description="Frames in the context the starter is trained on (and should be run with)."
     )
+    history_text: int | Literal["all"] = Field(
+        1,
+        description="Past exchanges (reply + feedback) kept as text in its contexts; 1: the last one, so identical "
+        "states give identical contexts (the embedded recipe trains with the same value).",
+    )
     # Architecture.
     vocab_size: int = Field(512, ge=64, description="BPE vocabulary size, special tokens included.")
     text_hidden: int = Field(128, description="Text model width.")
@@ -399,6 +404,18 @@ def read_record(model_dir: str | os.PathLike) -> dict[str, Any]:
             f"{model_dir} has no {RECORD_FILE}: it is not a complete starter build; delete it and rebuild"
         )
     return json.loads(path.read_text())
+
+
+def recorded_context_mode(model_dir: str | os.PathLike) -> tuple[int | str, int | str]:
+    """(history_images, history_text) a starter was warm-started with; ("all", "all") for other models.
+
+    Records written before ``history_text`` existed kept the whole text history.
+    """
+    path = Path(model_dir) / RECORD_FILE
+    if not path.is_file():
+        return "all", "all"
+    config = json.loads(path.read_text())["config"]
+    return config.get("history_images", "all"), config.get("history_text", "all")
 
 
 def starter_dir(root: str | os.PathLike | None = None) -> Path:
