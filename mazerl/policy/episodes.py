@@ -29,7 +29,13 @@ from mazerl.policy.chat import (
     check_history_text,
     render,
 )
-from mazerl.policy.engines import GenerationRequest, GenerationSettings, HFEngine, InferenceEngine
+from mazerl.policy.engines import (
+    GenerationRequest,
+    GenerationResult,
+    GenerationSettings,
+    HFEngine,
+    InferenceEngine,
+)
 
 
 @dataclass
@@ -39,6 +45,7 @@ class Turn:
     response_ids: list[int]  # generated tokens, the end-of-turn token included when produced
     response_text: str
     parse_ok: bool
+    log_probs: list[float] | None = None  # per reply token, where the engine reports them
 
 
 @dataclass
@@ -120,7 +127,7 @@ def run_episodes(
         requests = [GenerationRequest(input_ids=ids, images=images) for ids, images in contexts]
         results = engine.generate(requests, settings.for_turn(turn))
         for episode, (ids, images), result in zip(active, contexts, results, strict=True):
-            _advance(episode, ids, images, result.response_ids, result.text, format_bonus)
+            _advance(episode, ids, images, result, format_bonus)
     ids = maze_ids if maze_ids is not None else [f"maze/{index}" for index in range(len(layouts))]
     return [_finish(episode, maze_id) for episode, maze_id in zip(running, ids, strict=True)]
 
@@ -140,13 +147,14 @@ def _advance(
     episode: _Running,
     input_ids: list[int],
     images: list[np.ndarray],
-    response_ids: list[int],
-    text: str,
+    result: GenerationResult,
     format_bonus: float,
 ) -> None:
+    text = result.text
     frame, reward, terminated, truncated, info = episode.env.step(text)
-    episode.turns.append(Turn(input_ids, images, list(response_ids), text, bool(info["parse_ok"])))
-    episode.conversation.add_reply(response_ids, text)
+    turn = Turn(input_ids, images, list(result.response_ids), text, bool(info["parse_ok"]), result.log_probs)
+    episode.turns.append(turn)
+    episode.conversation.add_reply(result.response_ids, text)
     if episode.frames is not None:
         episode.frames.append(frame)
     episode.done = terminated or truncated

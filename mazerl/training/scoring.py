@@ -194,14 +194,15 @@ def row_batches(packed: Packed, rows: Sequence[int], max_tokens: int = MICRO_BAT
 
 def _allowed(rows: list[Row], width: int) -> torch.Tensor:
     """(B, L, L) booleans: a token attends to itself and its ancestors (padding: to itself)."""
-    allowed = torch.zeros(len(rows), width, width, dtype=torch.bool)
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    allowed = causal.unsqueeze(0).repeat(len(rows), 1, 1)
     for b, row in enumerate(rows):
-        allowed[b, : row.trunk, : row.trunk] = torch.ones(row.trunk, row.trunk, dtype=torch.bool).tril()
+        allowed[b, :, row.trunk :] = False  # past the trunk only ancestors count: rebuilt below
         for index in range(row.trunk, len(row.ids)):
             allowed[b, index] = allowed[b, row.parents[index]]
             allowed[b, index, index] = True
-        for index in range(len(row.ids), width):
-            allowed[b, index, index] = True
+        allowed[b, len(row.ids) :] = False
+        allowed[b, len(row.ids) :, len(row.ids) :] = torch.eye(width - len(row.ids), dtype=torch.bool)
     return allowed
 
 
