@@ -69,7 +69,7 @@ RayAddress = Annotated[str | None, AfterValidator(_check_ray_address)]
 # rank-4 adapter). What the pipeline tests and the orchestration benchmark run; learns nothing.
 MINIATURE_TRAINING: dict[str, Any] = {
     "history_images": 1,
-    "history_text": 1,
+    "history_text": 0,
     "max_turns": 3,
     "steps": 2,
     "mazes_per_step": 1,
@@ -83,7 +83,7 @@ MINIATURE_TRAINING: dict[str, Any] = {
 # The embedded learning recipe (docs/performance.md has its measured curve).
 EMBEDDED_TRAINING: dict[str, Any] = {
     "history_images": 1,
-    "history_text": 1,
+    "history_text": 0,
     "steps": 32,
     "mazes_per_step": 16,
     "train_pool_size": 512,

@@ -2,35 +2,36 @@
 
 A GRPO step plays 128 episodes of 16 mazes, and most of what they show the policy repeats:
 the 8 samples of a maze share their first context; with a Markov context mode
-(``history_text`` 0 or 1) every visit of a state shows the same context; with the full
-history every context extends the previous one plus its reply. This engine turns that
-into saved compute, on any device (CPU or one GPU; nothing here is CPU-specific):
+(``history_text`` 0) every visit of a state shows the same context, in whatever turn; with
+the full history every context extends the previous one plus its reply. This engine turns
+that into saved compute, on any device (CPU or one GPU; nothing here is CPU-specific):
 
-1. **Identical contexts are computed once.** Requests are grouped by content (token ids and
-   frame bytes); one prefill serves every request of a group.
-2. **Replies share their prefixes.** Decoding walks a tree: each row of the KV cache is one
-   distinct (context, reply so far); every request on a row draws its own next token, and
-   the rows of the next step are the distinct (row, token) pairs, whose caches are the
-   parent rows' (``index_select``). Eight samples that all answer ``('move', 0)`` cost one
-   row, not eight.
-3. **A context that extends one of the previous call's sequences continues its KV cache**
-   (with ``history_images`` and ``history_text`` "all"): after each call the engine keeps
-   (by reference) the cache of every finished (context + reply); the next call looks up, per
-   context, the longest kept sequence it starts with and computes only the rest. Such a
+1. **A context is computed once.** Requests are grouped by content (token ids and frame
+   bytes); one prefill serves every request of a group. Every prefilled context stays in a
+   bounded store (its KV cache by reference, and its next-token logits), so a context seen in
+   an earlier call (a state revisited at a later turn) is not computed again at all.
+2. **Replies share their prefixes.** Decoding walks a tree: each cache row is one distinct
+   (context, reply so far); every request on a row draws its own next token, and the rows of
+   the next step are the distinct (row, token) pairs, whose caches are their parents' rows.
+   Eight samples that all answer ``('move', 0)`` cost one row, not eight.
+3. **A context that extends a stored sequence continues its KV cache**: the longest stored
+   context, or finished context + reply, that it starts with (the full-history modes; also
+   the task prompt every context of a call starts with, computed once for all). Such a
    continued chunk carries a new frame, so its 3-D rope positions come from
    :func:`mazerl.policy.attention.context_positions` over the whole context, and the batch
-   (cached parts of different lengths, new parts of different lengths, both left-padded) runs
-   under an explicit additive mask.
+   (cached parts and new parts of different lengths, both left-padded) runs under an
+   explicit additive mask.
 
 Decoding is a plain loop over ``model.forward`` with the cache: on a model as small as the
 starter, per-call overhead, not arithmetic, dominates, and ``generate``'s is larger. Sampling
 follows transformers' order (suppressed special tokens, temperature, top-p; no top-k), seeded
 per call (``settings.seed`` with the chunk index), so rollouts are reproducible; greedy
 replies equal :class:`~mazerl.policy.engines.HFEngine`'s (the ``generate``-based oracle) maze
-by maze (tests/test_prefix_engine.py). Each reply token's log-prob (log-softmax of the raw
-logits over the temperature, as the trainer scores it) comes back with the result.
+by maze (tests/test_prefix_engine.py, bench/engine_equality.py). Each reply token's log-prob
+(log-softmax of the raw logits over the temperature, as the trainer scores it) comes back
+with the result.
 
-The kept caches assume the weights do not change between calls: make a new engine (or call
+The store assumes the weights do not change between calls: make a new engine (or call
 :meth:`PrefixCachingEngine.reset`) after an optimizer step. ``stats`` counts what was asked
 for and what was computed (the train-step benchmark reports it).
 """
@@ -38,6 +39,7 @@ for and what was computed (the train-step benchmark reports it).
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +49,8 @@ import torch
 from mazerl.policy.attention import additive_mask, context_positions
 from mazerl.policy.chat import image_token_id, pad_id, pixel_inputs
 from mazerl.policy.engines import GenerationRequest, GenerationResult, GenerationSettings, banned_token_ids, stop_ids
+
+Spans = list[tuple[int, int]]  # real key columns of a cache row, in order: [start, end) ranges
 
 
 def frame_digest(frame: np.ndarray) -> bytes:
@@ -59,33 +63,37 @@ class EngineStats:
     """Tokens asked for (each request's context and reply, as a per-request engine computes them) and computed."""
 
     requests: int = 0
-    contexts: int = 0  # distinct contexts prefilled
+    contexts: int = 0  # distinct contexts per call, summed over calls
+    stored_hits: int = 0  # of those, found whole in the store (nothing computed)
     context_tokens: int = 0  # sum of every request's context length
-    prefill_tokens: int = 0  # context tokens actually computed (cached prefixes and duplicates skipped)
-    reused_tokens: int = 0  # context tokens taken from a kept cache
+    prefill_tokens: int = 0  # context tokens actually computed
+    reused_tokens: int = 0  # context tokens of computed contexts taken from a stored prefix
     reply_tokens: int = 0  # sum of every request's reply length
     decode_tokens: int = 0  # rows forwarded while decoding (one per distinct reply prefix and step)
     forward_calls: int = 0
 
-    def add(self, other: EngineStats) -> None:
-        for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
 
 @dataclass
-class _Kept:
-    """A finished sequence's KV cache: a row of some step's cache tensors (kept by reference)."""
+class _Entry:
+    """A computed sequence: its KV as columns of one row of some forward's cache (kept by reference)."""
 
     ids: tuple[int, ...]
     digests: tuple[bytes, ...]
-    layers: list[tuple[torch.Tensor, torch.Tensor]]  # that step's (keys, values) per layer, (R, H, K, D)
+    layers: list[tuple[torch.Tensor, torch.Tensor]]  # (R, H, K, D) keys and values per layer
     row: int
-    real: torch.Tensor  # (K,) bool: which key columns of the row are real tokens
+    spans: Spans
+    last_position: int  # rope position of the last token (text: all three components)
+    logits: torch.Tensor | None = None  # (V,) after the last token, for a prefilled context
+    _compact: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(H, len(ids), D) keys and values of this sequence in ``layer``, padding removed."""
-        keys, values = self.layers[layer]
-        return keys[self.row][:, self.real], values[self.row][:, self.real]
+        """(H, len(ids), D) keys and values in ``layer``, padding removed (computed once)."""
+        if layer not in self._compact:
+            keys, values = self.layers[layer]
+            self._compact[layer] = tuple(
+                torch.cat([t[self.row, :, a:b] for a, b in self.spans], dim=1) for t in (keys, values)
+            )
+        return self._compact[layer]
 
 
 @dataclass
@@ -94,22 +102,27 @@ class _Context:
     images: list[np.ndarray]
     digests: tuple[bytes, ...]
     members: list[int] = field(default_factory=list)  # request indices
-    prefix: _Kept | None = None  # the kept sequence this context continues
+    prefix: _Entry | None = None  # the stored sequence it continues
+    whole: _Entry | None = None  # the stored entry of this very context (nothing to compute)
 
 
 class PrefixCachingEngine:
-    """Batched generation over distinct contexts and reply prefixes, with KV reuse across calls.
+    """Batched generation over distinct contexts and reply prefixes, with a KV store across calls.
 
-    ``max_batch_size`` bounds the distinct contexts prefilled together (larger calls are cut
-    into chunks in order; chunk ``i`` samples with seed ``(seed, i)``).
+    ``max_batch_size`` bounds the distinct contexts of one chunk (larger calls are cut into
+    chunks in order; chunk ``i`` samples with seed ``(seed, i)``); ``max_stored_tokens``
+    bounds the store (least recently used entries go first).
     """
 
-    def __init__(self, model: torch.nn.Module, processor: Any, max_batch_size: int = 256) -> None:
+    def __init__(
+        self, model: torch.nn.Module, processor: Any, max_batch_size: int = 256, max_stored_tokens: int = 200_000
+    ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size} must be >= 1")
         self.model = model
         self.processor = processor
         self.max_batch_size = max_batch_size
+        self.max_stored_tokens = max_stored_tokens
         parameter = next(model.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
         self.eos_ids = sorted(stop_ids(model, processor))
@@ -117,16 +130,17 @@ class PrefixCachingEngine:
         self.image_pad = image_token_id(processor)
         self.suppressed = torch.tensor(banned_token_ids(processor, self.eos_ids), dtype=torch.long, device=self.device)
         self.stats = EngineStats()
-        self._kept: dict[tuple[int, ...], list[_Kept]] = {}
-        self._kept_lengths: list[int] = []
+        self.reset()
 
     @staticmethod
     def from_policy(policy: Any, max_batch_size: int = 256) -> PrefixCachingEngine:
         return PrefixCachingEngine(policy.model, policy.processor, max_batch_size)
 
     def reset(self) -> None:
-        """Forget the kept caches (after the weights changed)."""
-        self._kept, self._kept_lengths = {}, []
+        """Forget the stored caches (after the weights changed)."""
+        self._store: OrderedDict[tuple, _Entry] = OrderedDict()
+        self._stored_tokens = 0
+        self._lengths: dict[int, int] = {}  # stored sequence length -> entries of that length
 
     # ---- the call --------------------------------------------------------------------
 
@@ -139,19 +153,22 @@ class PrefixCachingEngine:
             if key not in contexts:
                 contexts[key] = _Context(list(request.input_ids), list(request.images), digests)
             contexts[key].members.append(index)
+        for key, context in contexts.items():
+            stored = self._store.get(key)
+            if stored is not None and stored.logits is not None:
+                context.whole = stored
+                self._store.move_to_end(key)
+            else:
+                context.prefix = self._longest_prefix(context)
         distinct = list(contexts.values())
-        for context in distinct:
-            context.prefix = self._longest_kept_prefix(context)
         replies: list[list[int]] = [[] for _ in requests]
         log_probs: list[list[float]] = [[] for _ in requests]
-        kept: list[_Kept] = []
         for chunk_index, start in enumerate(range(0, len(distinct), self.max_batch_size)):
             chunk = distinct[start : start + self.max_batch_size]
-            generator = self._generator(settings, chunk_index)
-            kept += self._generate_chunk(chunk, settings, generator, replies, log_probs)
-        self._keep(kept)
+            self._generate_chunk(chunk, settings, self._generator(settings, chunk_index), replies, log_probs)
         self.stats.requests += len(requests)
         self.stats.contexts += len(distinct)
+        self.stats.stored_hits += sum(c.whole is not None for c in distinct)
         self.stats.context_tokens += sum(len(r.input_ids) for r in requests)
         self.stats.reply_tokens += sum(len(reply) for reply in replies)
         decode = self.processor.tokenizer.decode
@@ -170,25 +187,45 @@ class PrefixCachingEngine:
             generator.seed()
         return generator
 
-    # ---- kept caches across calls ----------------------------------------------------
+    # ---- the store -------------------------------------------------------------------
 
-    def _longest_kept_prefix(self, context: _Context) -> _Kept | None:
-        """The longest kept sequence that the context strictly extends (same tokens, same frames)."""
-        for length in self._kept_lengths:
+    def _longest_prefix(self, context: _Context) -> _Entry | None:
+        """The longest stored sequence that the context strictly extends (same tokens, same frames)."""
+        for length in sorted(self._lengths, reverse=True):
             if length >= len(context.ids):
                 continue
-            for candidate in self._kept.get(tuple(context.ids[:length]), ()):
-                if context.digests[: len(candidate.digests)] == candidate.digests:
-                    return candidate
+            prefix = context.ids[:length]
+            frames = sum(
+                token == self.image_pad and (i == 0 or prefix[i - 1] != self.image_pad)
+                for i, token in enumerate(prefix)
+            )  # one run of image pads per frame
+            key = (tuple(prefix), context.digests[:frames])
+            entry = self._store.get(key)
+            if entry is not None:
+                self._store.move_to_end(key)
+                return entry
         return None
 
-    def _keep(self, kept: list[_Kept]) -> None:
-        self._kept = {}
-        for entry in kept:
-            self._kept.setdefault(entry.ids, []).append(entry)
-        self._kept_lengths = sorted({len(ids) for ids in self._kept}, reverse=True)
+    def _put(self, entry: _Entry) -> None:
+        key = (entry.ids, entry.digests)
+        old = self._store.get(key)
+        if old is not None and old.logits is not None and entry.logits is None:
+            return  # a stored context with its logits is worth more than the same tokens without
+        if old is not None:
+            self._forget(self._store.pop(key))
+        self._store[key] = entry
+        self._stored_tokens += len(entry.ids)
+        self._lengths[len(entry.ids)] = self._lengths.get(len(entry.ids), 0) + 1
+        while self._stored_tokens > self.max_stored_tokens and len(self._store) > 1:
+            self._forget(self._store.popitem(last=False)[1])
 
-    # ---- prefill and decode of one chunk ---------------------------------------------
+    def _forget(self, entry: _Entry) -> None:
+        self._stored_tokens -= len(entry.ids)
+        self._lengths[len(entry.ids)] -= 1
+        if not self._lengths[len(entry.ids)]:
+            del self._lengths[len(entry.ids)]
+
+    # ---- one chunk: prefill what is new, assemble the rows, decode as a tree -----------
 
     def _generate_chunk(
         self,
@@ -197,19 +234,23 @@ class PrefixCachingEngine:
         generator: torch.Generator | None,
         replies: list[list[int]],
         log_probs: list[list[float]],
-    ) -> list[_Kept]:
-        logits, cache, real, last_position = self._prefill(chunk)
-        # Decoding state, one entry per cache row: the requests on it and their shared reply so far.
-        rows: list[list[int]] = [context.members for context in chunk]
+    ) -> None:
+        todo = [c for c in chunk if c.whole is None]
+        if todo:
+            for entry in self._prefill(todo):
+                self._put(entry)
+        entries = [c.whole if c.whole is not None else self._store[(tuple(c.ids), c.digests)] for c in chunk]
+        cache, spans, logits, last_position = self._rows(entries)
+        rows: list[list[int]] = [context.members for context in chunk]  # the requests on each cache row
         row_context: list[int] = list(range(len(chunk)))
         row_reply: list[list[int]] = [[] for _ in chunk]
-        kept: list[_Kept] = []
         for step in range(settings.max_new_tokens):
             scores = logits.float()  # (R, V)
             token_log_probs = torch.log_softmax(scores / settings.temperature, dim=-1)  # the trainer's definition
             tokens = self._next_tokens(scores, rows, settings, generator)  # one per request, in row order
             layers = [(layer.keys, layer.values) for layer in cache.layers]
             children: dict[tuple[int, int], list[int]] = {}
+            finished: set[int] = set()
             cursor = 0
             for row, members in enumerate(rows):
                 for member in members:
@@ -218,36 +259,62 @@ class PrefixCachingEngine:
                     replies[member].append(token)
                     log_probs[member].append(float(token_log_probs[row, token]))
                     if token in self.eos_ids or step + 1 == settings.max_new_tokens:
-                        context = chunk[row_context[row]]
-                        ids = tuple(context.ids + row_reply[row])
-                        kept.append(_Kept(ids, context.digests, layers, row, real[row]))
+                        finished.add(row)
                     else:
                         children.setdefault((row, token), []).append(member)
+            for row in finished:  # context + reply so far: a prefix the next turn's context may extend
+                context = chunk[row_context[row]]
+                ids = tuple(context.ids + row_reply[row])
+                if row_reply[row]:
+                    self._put(_Entry(ids, context.digests, layers, row, spans[row], int(last_position[row])))
             if not children:
                 break
             parents = [row for row, _ in children]
             if parents != list(range(len(rows))):  # rows split or finished: the children's caches are their parents'
-                index = torch.tensor(parents, device=self.device)
-                cache.batch_select_indices(index)
-                real, last_position = real[index], last_position[index]
-            real = torch.cat([real, torch.ones(len(children), 1, dtype=torch.bool, device=self.device)], 1)
+                cache.batch_select_indices(torch.tensor(parents, device=self.device))
+                last_position = last_position[torch.tensor(parents, device=self.device)]
+            width = cache.layers[0].keys.shape[2]
+            spans = [[*spans[row], (width, width + 1)] for row in parents]
             last_position = last_position + 1
             row_context = [row_context[row] for row in parents]
             row_reply = [row_reply[row] + [token] for row, token in children]
             rows = list(children.values())
             input_ids = torch.tensor([[token] for _, token in children], device=self.device)  # (R, 1)
             positions = last_position.view(1, -1, 1).expand(3, -1, -1)  # text: all three components equal
-            logits, cache = self._forward(input_ids, real.unsqueeze(1), positions, cache)
+            allowed = self._real(spans, width + 1).unsqueeze(1)  # (R, 1, K)
+            logits, cache = self._forward(input_ids, allowed, positions, cache)
             self.stats.decode_tokens += len(children)
-        return self._dedupe(kept)
 
-    @staticmethod
-    def _dedupe(kept: list[_Kept]) -> list[_Kept]:
-        """One kept entry per finished sequence (requests that finished on the same row share it)."""
-        seen: dict[tuple, _Kept] = {}
-        for entry in kept:
-            seen.setdefault((entry.ids, entry.digests), entry)
-        return list(seen.values())
+    def _real(self, spans: list[Spans], width: int) -> torch.Tensor:
+        real = torch.zeros(len(spans), width, dtype=torch.bool)
+        for row, row_spans in enumerate(spans):
+            for a, b in row_spans:
+                real[row, a:b] = True
+        return real.to(self.device)
+
+    def _rows(self, entries: list[_Entry]) -> tuple[Any, list[Spans], torch.Tensor, torch.Tensor]:
+        """One decode batch from the chunk's context entries: cache, real spans, logits (R, V), last positions."""
+        from transformers import DynamicCache
+
+        logits = torch.stack([entry.logits for entry in entries])
+        last_position = torch.tensor([entry.last_position for entry in entries], device=self.device)
+        source = entries[0].layers
+        if all(e.layers is source for e in entries) and [e.row for e in entries] == list(range(len(source[0][0]))):
+            # the rows of one prefill, in order: use its cache as it is
+            return DynamicCache(ddp_cache_data=source), [e.spans for e in entries], logits, last_position
+        longest = max(len(e.ids) for e in entries)
+        layers = []
+        for layer in range(len(source)):
+            sample = source[layer][0]
+            keys = sample.new_zeros((len(entries), sample.shape[1], longest, sample.shape[3]))
+            values = torch.zeros_like(keys)
+            for row, entry in enumerate(entries):
+                k, v = entry.kv(layer)
+                keys[row, :, longest - k.shape[1] :] = k
+                values[row, :, longest - v.shape[1] :] = v
+            layers.append((keys, values))
+        spans = [[(longest - len(e.ids), longest)] for e in entries]
+        return DynamicCache(ddp_cache_data=layers), spans, logits, last_position
 
     def _next_tokens(
         self,
@@ -273,39 +340,35 @@ class PrefixCachingEngine:
         probs = torch.softmax(scores, dim=-1)[row_of_member]  # (members, V)
         return torch.multinomial(probs, 1, generator=generator).squeeze(1).tolist()
 
-    def _prefill(self, chunk: list[_Context]) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
-        """Logits after each context (R, V), the chunk's cache, its real-key mask (R, K) and last positions (R,)."""
+    def _prefill(self, todo: list[_Context]) -> list[_Entry]:
+        """Compute the contexts (continuing their stored prefixes); one stored entry per context."""
         from transformers import DynamicCache
 
-        shared = self._shared_text_prefix(chunk)
-        for context in chunk:
+        shared = self._shared_text_prefix(todo)
+        for context in todo:
             if shared is not None and (context.prefix is None or len(context.prefix.ids) < len(shared.ids)):
                 context.prefix = shared
-        past_lengths = [len(c.prefix.ids) if c.prefix is not None else 0 for c in chunk]
-        new_ids = [c.ids[p:] for c, p in zip(chunk, past_lengths, strict=True)]
+        past_lengths = [len(c.prefix.ids) if c.prefix is not None else 0 for c in todo]
+        new_ids = [c.ids[p:] for c, p in zip(todo, past_lengths, strict=True)]
         longest_past, longest_new = max(past_lengths), max(len(ids) for ids in new_ids)
-        rows = len(chunk)
-        full_positions = context_positions(
-            self.model, self.processor, [c.ids for c in chunk], [c.images for c in chunk]
-        )
-        input_ids = torch.full((rows, longest_new), self.pad_id, dtype=torch.long)
-        positions = torch.zeros((3, rows, longest_new), dtype=torch.long)
-        real = torch.zeros((rows, longest_past + longest_new), dtype=torch.bool)
+        width = longest_past + longest_new
+        full_positions = context_positions(self.model, self.processor, [c.ids for c in todo], [c.images for c in todo])
+        input_ids = torch.full((len(todo), longest_new), self.pad_id, dtype=torch.long)
+        positions = torch.zeros((3, len(todo), longest_new), dtype=torch.long)
+        spans: list[Spans] = []
         new_frames: list[np.ndarray] = []
-        for row, (context, past, ids) in enumerate(zip(chunk, past_lengths, new_ids, strict=True)):
+        for row, (context, past, ids) in enumerate(zip(todo, past_lengths, new_ids, strict=True)):
             input_ids[row, longest_new - len(ids) :] = torch.tensor(ids)
             positions[:, row, longest_new - len(ids) :] = full_positions[row][:, past:]
-            real[row, longest_past - past : longest_past] = True
-            real[row, longest_past + longest_new - len(ids) :] = True
+            spans.append([(longest_past - past, longest_past)] * bool(past) + [(width - len(ids), width)])
             new_frames += context.images[len(context.prefix.digests) if context.prefix else 0 :]
         # Queries of the new part see the real past and the real new keys up to themselves (and
         # themselves always, so a padding query is never left with nothing to attend to).
-        causal = torch.ones(longest_new, longest_past + longest_new, dtype=torch.bool).tril(longest_past)
+        real = self._real(spans, width).cpu()
+        causal = torch.ones(longest_new, width, dtype=torch.bool).tril(longest_past)
         allowed = real.unsqueeze(1) & causal.unsqueeze(0)  # (R, Q, K)
         allowed[:, :, longest_past:] |= torch.eye(longest_new, dtype=torch.bool)
-        cache = DynamicCache()
-        if longest_past:
-            cache = DynamicCache(ddp_cache_data=self._past(chunk, longest_past))
+        cache = DynamicCache(ddp_cache_data=self._past(todo, longest_past)) if longest_past else DynamicCache()
         extra: dict[str, torch.Tensor] = {}
         if new_frames:
             pixels = pixel_inputs(self.processor, new_frames)
@@ -318,17 +381,22 @@ class PrefixCachingEngine:
         )
         self.stats.prefill_tokens += sum(len(ids) for ids in new_ids)
         self.stats.reused_tokens += sum(past_lengths)
-        return logits, cache, real.to(self.device), positions[0, :, -1].to(self.device)
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        last = positions[0, :, -1].tolist()
+        return [
+            _Entry(tuple(c.ids), c.digests, layers, row, spans[row], last[row], logits[row])
+            for row, c in enumerate(todo)
+        ]
 
-    def _past(self, chunk: list[_Context], longest: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _past(self, todo: list[_Context], longest: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer (R, H, longest, D) keys and values of the rows' prefixes, left-padded with zeros."""
         layers = []
-        reference = next(c.prefix for c in chunk if c.prefix is not None)
+        reference = next(c.prefix for c in todo if c.prefix is not None)
         for layer in range(len(reference.layers)):
             sample = reference.layers[layer][0]
-            keys = sample.new_zeros((len(chunk), sample.shape[1], longest, sample.shape[3]))
+            keys = sample.new_zeros((len(todo), sample.shape[1], longest, sample.shape[3]))
             values = torch.zeros_like(keys)
-            for row, context in enumerate(chunk):
+            for row, context in enumerate(todo):
                 if context.prefix is not None:
                     k, v = context.prefix.kv(layer)
                     keys[row, :, longest - k.shape[1] :] = k
@@ -336,20 +404,21 @@ class PrefixCachingEngine:
             layers.append((keys, values))
         return layers
 
-    def _shared_text_prefix(self, chunk: list[_Context]) -> _Kept | None:
-        """The text all contexts of the chunk start with (the chat template's opening and the task
-        prompt), computed once as a one-row forward, or None when it is not worth a call."""
-        first = chunk[0].ids
-        length = len(first)
-        for context in chunk[1:]:
-            length = min(length, len(context.ids))
+    def _shared_text_prefix(self, todo: list[_Context]) -> _Entry | None:
+        """The text all contexts to compute start with (the chat template's opening and the task
+        prompt), computed once as a one-row forward (or found in the store), or None when not worth it."""
+        first = todo[0].ids
+        length = min(len(c.ids) for c in todo) - 1  # every context keeps a token to compute
+        for context in todo[1:]:
             length = next((i for i in range(length) if context.ids[i] != first[i]), length)
         if self.image_pad in first[:length]:
             length = first.index(self.image_pad)
-        length = min(length, min(len(c.ids) for c in chunk) - 1)  # every context keeps a token to compute
-        covered = sum(len(c.prefix.ids) >= length for c in chunk if c.prefix is not None)
-        if length < 2 or len(chunk) - covered < 2:
+        covered = sum(len(c.prefix.ids) >= length for c in todo if c.prefix is not None)
+        if length < 2 or len(todo) - covered < 2:
             return None
+        stored = self._store.get((tuple(first[:length]), ()))
+        if stored is not None:
+            return stored
         from transformers import DynamicCache
 
         ids = torch.tensor([first[:length]], device=self.device)
@@ -358,7 +427,9 @@ class PrefixCachingEngine:
         _, cache = self._forward(ids, allowed, positions, DynamicCache())
         self.stats.prefill_tokens += length
         layers = [(layer.keys, layer.values) for layer in cache.layers]
-        return _Kept(tuple(first[:length]), (), layers, 0, torch.ones(length, dtype=torch.bool, device=self.device))
+        entry = _Entry(tuple(first[:length]), (), layers, 0, [(0, length)], length - 1)
+        self._put(entry)
+        return entry
 
     def _forward(
         self, input_ids: torch.Tensor, allowed: torch.Tensor, positions: torch.Tensor, cache: Any, **extra: Any

@@ -85,9 +85,10 @@ class StarterConfig(BaseModel):
         1, description="Frames in the context the starter is trained on (and should be run with)."
     )
     history_text: int | Literal["all"] = Field(
-        1,
-        description="Past exchanges (reply + feedback) kept as text in its contexts; 1: the last one, so identical "
-        "states give identical contexts (the embedded recipe trains with the same value).",
+        0,
+        description="Past exchanges (reply + feedback) kept as text in its contexts; 0: the task prompt and the "
+        "current frame, so the context is a function of the state (the embedded recipe trains with the same value). "
+        "With 1, the last move gave the answer away ('go back' is right in every dead end): greedy 2-cycles.",
     )
     # Architecture.
     vocab_size: int = Field(512, ge=64, description="BPE vocabulary size, special tokens included.")

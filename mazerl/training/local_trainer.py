@@ -296,14 +296,23 @@ class LocalGRPOTrainer:
         """
         return self.vision_cache.attach(copy.deepcopy(self.model).merge_and_unload().eval())
 
-    def _greedy_eval(self) -> dict[str, float]:
-        """Greedy success on the (first ``eval_mazes`` of the) eval set with the current adapter."""
+    def _greedy_eval(self, step: int) -> dict[str, float]:
+        """Greedy success on the (first ``eval_mazes`` of the) eval set with the current adapter.
+
+        Per-maze rows (as the eval stage's results.jsonl) go to ``<run>/evals/step_<N>.jsonl``, so
+        a run's curve can be compared maze by maze with its baseline.
+        """
+        from mazerl.evaluation.summary import result_row, write_jsonl
         from mazerl.policy.engines import GenerationSettings
 
         config = self.config
         layouts = list(self.eval_set.layouts[: config.eval_mazes or len(self.eval_set)])
         settings = GenerationSettings(greedy=True, max_new_tokens=config.grpo.max_new_tokens)
-        episodes = self._play(layouts, settings, self.eval_set.max_moves)
+        maze_ids = [f"{self.eval_set.name}/{i}" for i in range(len(layouts))]
+        episodes = self._play(layouts, settings, self.eval_set.max_moves, maze_ids=maze_ids)
+        rows = [result_row(i, self.eval_set.seeds[i], e) for i, e in enumerate(episodes)]
+        (config.run_dir / "evals").mkdir(parents=True, exist_ok=True)
+        write_jsonl(config.run_dir / "evals" / f"step_{step:05d}.jsonl", rows)
         solved = [e for e in episodes if e.solved]
         return {
             "eval/success_rate": len(solved) / len(episodes),
@@ -464,7 +473,7 @@ class LocalGRPOTrainer:
                 "train/epoch": float(epoch_of_step(step, config.mazes_per_step, len(self.pool))),
             }
             if config.eval_interval and step % config.eval_interval == 0:
-                metrics.update(self._greedy_eval())
+                metrics.update(self._greedy_eval(step))
             if step % config.checkpoint_interval == 0 or step == config.steps:  # 6. checkpoint
                 ckpt_started = time.perf_counter()
                 last_checkpoint = self._save(step)
