@@ -5,8 +5,13 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The second test leg: the library versions the cluster image ships (deployments/docker/Dockerfile).
+IMAGE_VENV ?= .venv-image
+IMAGE_BIN := $(IMAGE_VENV)/bin
+IMAGE_STAMP := $(IMAGE_VENV)/.installed
+IMAGE_CONSTRAINTS := deployments/docker/constraints.txt
 
-.PHONY: run test lint bench venv clean-venv
+.PHONY: run test test-suite test-image-stack browser lint bench venv clean-venv
 
 venv: $(STAMP)
 
@@ -21,13 +26,40 @@ $(STAMP): pyproject.toml constraints.txt
 		|| { echo "error: the install in $(VENV) is incomplete; delete $(VENV) and rerun"; exit 1; }
 	touch $(STAMP)
 
+# Python 3.11 (the CPU torch on disk), the image's pins for torch, ray, peft and transformers, and
+# everything else resolved fresh within pyproject.toml's ranges, as the image build resolves it.
+$(IMAGE_STAMP): pyproject.toml $(IMAGE_CONSTRAINTS)
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; set PYTHON=python3.11 (>= 3.11)"; exit 1; }
+	test -x $(IMAGE_BIN)/python || $(PYTHON) -m venv $(IMAGE_VENV)
+	$(IMAGE_BIN)/pip install --quiet --upgrade pip 2>&1 | grep -v "is ignored" || true
+	$(IMAGE_BIN)/pip install --quiet -c $(IMAGE_CONSTRAINTS) torch 2>&1 | grep -v "is ignored" || true
+	$(IMAGE_BIN)/pip install --quiet -c $(IMAGE_CONSTRAINTS) -e '.[test]' 2>&1 | grep -v "is ignored" || true
+	$(IMAGE_BIN)/python scripts/check_constraints.py $(IMAGE_CONSTRAINTS) \
+		|| { echo "error: $(IMAGE_VENV) does not have the image's stack; delete $(IMAGE_VENV) and rerun"; exit 1; }
+	touch $(IMAGE_STAMP)
+
 run: $(STAMP)
 	$(BIN)/mazerl run
 
-# pytest exits 5 when it collects no tests: that is a failure, not a pass.
-test: $(STAMP)
+# CI (.ci/run) runs exactly this: the whole suite on the locked stack, then the tests marked
+# `image_stack` on the image's stack. pytest exits 5 when it collects no tests: a failure, not a pass.
+test: test-suite test-image-stack
+
+test-suite: $(STAMP) browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
+
+test-image-stack: $(IMAGE_STAMP)
+	$(IMAGE_BIN)/python -m pytest -m image_stack $(IMAGE_PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no image_stack tests"; exit 1; fi; exit $$rc
+
+# Headless Chromium for the MLflow UI test (tests/mlflow_browser.py), from Debian's packages:
+# Playwright's own browser download cannot reach its CDN where only package registries answer.
+browser:
+	@command -v chromium-headless-shell >/dev/null || { \
+		echo "installing chromium-headless-shell (apt-get) for the MLflow UI test"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium-headless-shell; \
+	} || { echo "error: the MLflow UI test needs chromium-headless-shell; install it with apt-get (as root)"; exit 1; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -37,4 +69,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/env_throughput.py
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(IMAGE_VENV)

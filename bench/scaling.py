@@ -57,27 +57,22 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float, float, str]:
 
 def eval_series(model: Path) -> list[tuple[int, float, float]]:
     """(mazes, rollout seconds, wall seconds) for each maze count."""
-    import ray
-
+    from mazerl.cluster.ray_local import local_ray_head, ray_driver
     from mazerl.evaluation import evaluate
 
     rows = []
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        with tempfile.TemporaryDirectory(prefix="mazerl-bench-") as tmp:
-            for mazes in EVAL_MAZES:
-                report = evaluate(
-                    model,
-                    eval_set="maze256-small-v1",
-                    workers=1,
-                    out_dir=Path(tmp) / str(mazes),
-                    gif_count=0,
-                    max_mazes=mazes,
-                )
-                rows.append((mazes, report.n / report.episodes_per_second, report.wall_seconds))
-                print(f"eval {mazes} mazes: rollout {rows[-1][1]:.1f} s, wall {rows[-1][2]:.1f} s", flush=True)
-    finally:
-        ray.shutdown()
+    with local_ray_head() as head, ray_driver(head), tempfile.TemporaryDirectory(prefix="mazerl-bench-") as tmp:
+        for mazes in EVAL_MAZES:
+            report = evaluate(
+                model,
+                eval_set="maze256-small-v1",
+                workers=1,
+                out_dir=Path(tmp) / str(mazes),
+                gif_count=0,
+                max_mazes=mazes,
+            )
+            rows.append((mazes, report.n / report.episodes_per_second, report.wall_seconds))
+            print(f"eval {mazes} mazes: rollout {rows[-1][1]:.1f} s, wall {rows[-1][2]:.1f} s", flush=True)
     return rows
 
 

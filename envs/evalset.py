@@ -1,8 +1,10 @@
 """Versioned evaluation sets: fixed maze layouts stored as data with a SHA-256 digest.
 
 A set is a JSON file in ``envs/data/<name>.json``. Its digest covers the canonical JSON
-of everything but the digest itself, and :func:`load` refuses a file whose content no
-longer matches, so a silently edited set can never produce comparable-looking numbers.
+of everything but the digest itself. The digest of every shipped set is also pinned here
+in code (``EvalSetSpec.sha256``), and loading checks the file against both: a file edited
+by hand is refused, and so is one edited with its digest recomputed, so a silently changed
+set can never produce comparable-looking numbers.
 
 Regenerate and prove byte-identical regeneration::
 
@@ -37,6 +39,7 @@ class EvalSetSpec:
     count: int
     distinct: bool  # skip seeds whose layout repeats an earlier one
     description: str
+    sha256: str  # the content digest of the shipped file, pinned: an edited file is refused whatever it records
 
 
 SPECS: dict[str, EvalSetSpec] = {
@@ -50,6 +53,7 @@ SPECS: dict[str, EvalSetSpec] = {
             64,
             False,
             "The reference set: seeds 0-63 of the 9x9 maze_2d/easy world at 25 px per cell.",
+            "7113410e49bc9ab40f849dbc3f9be3a3d0870d5d1abac5420757619068ddd044",
         ),
         EvalSetSpec(
             "maze256-small-v1",
@@ -60,6 +64,7 @@ SPECS: dict[str, EvalSetSpec] = {
             True,
             "The embedded set: the first 256 distinct 7x7 mazes (seeds ascending) at 16 px per cell, "
             "one image token per cell for the tiny starter model.",
+            "b632fcf33d8c44ff3262ddc3c1716478d3d20ba2621526bca762a60ac5f42631",
         ),
     )
 }
@@ -155,19 +160,29 @@ def load(name: str = DEFAULT_EVAL_SET) -> EvalSet:
 
 
 def load_file(path: str | os.PathLike) -> EvalSet:
-    """Load a set file from any path and verify its digest."""
+    """Load a set file from any path and verify its digest (and the pinned one, for a shipped set's name)."""
     path = Path(path)
     try:
         content = json.loads(path.read_text())
     except FileNotFoundError as exc:
         raise EvalSetError(f"eval set file {path} is missing; run `python -m envs.evalset --write`") from exc
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise EvalSetError(f"eval set file {path} is not valid JSON ({exc})") from exc
+    if not isinstance(content, dict):
+        raise EvalSetError(f"eval set file {path} holds a {type(content).__name__}, not an eval set object")
     stored, actual = content.get("sha256"), content_digest(content)
+    restore = f"restore it with `git checkout {path}` or `python -m envs.evalset --write`"
     if stored != actual:
         raise EvalSetError(
             f"eval set {path.name} was edited: its content hashes to {actual[:12]}... but the file records "
-            f"{str(stored)[:12]}...; restore it with `git checkout {path}` or `python -m envs.evalset --write`"
+            f"{str(stored)[:12]}...; {restore}"
+        )
+    spec = SPECS.get(content.get("name"))
+    if spec is not None and actual != spec.sha256:
+        raise EvalSetError(
+            f"eval set {path.name} was edited: it is named {spec.name!r} but its content hashes to {actual[:12]}..., "
+            f"not the {spec.sha256[:12]}... this code pins for that set (the file's own digest was recomputed); "
+            f"{restore}"
         )
     return EvalSet(
         name=content["name"],
@@ -197,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             os.replace(tmp, path)
             print(f"wrote {path}")
         else:
-            same = path.exists() and path.read_text() == text
+            same = path.exists() and path.read_text() == text and content_digest(json.loads(text)) == spec.sha256
             print(f"{spec.name}: {'byte-identical' if same else 'DIFFERS'} ({path})")
             status |= not same
     return status

@@ -21,6 +21,8 @@ WALL_RGB = (169, 169, 169)
 PATH_RGB = (255, 255, 255)
 TARGET_RGB = (255, 0, 0)
 AGENT_RGB = (0, 0, 255)
+GIF_MIN_PX = 336  # episode GIFs are scaled up to at least this width (a 7x7 maze at 16 px is 112 px)
+CAPTION_PX = 28  # height of the caption band under each GIF frame
 
 
 def agent_disc_mask(cell_px: int) -> np.ndarray:
@@ -101,13 +103,47 @@ def image_from_data_uri(uri: str) -> Image.Image:
     return Image.open(io.BytesIO(base64.b64decode(payload))).convert("RGB")
 
 
-def episode_gif(frames: Sequence[np.ndarray], path: str | os.PathLike, frame_ms: int = 400) -> Path:
-    """Write the frames as an animated GIF (looping, last frame held longer); returns the path."""
+def episode_caption(solved: bool, moves: int) -> str:
+    """The line under an episode GIF: ``solved in 6 moves`` or ``failed after 15 moves``."""
+    plural = "" if moves == 1 else "s"
+    return f"solved in {moves} move{plural}" if solved else f"failed after {moves} move{plural}"
+
+
+def _gif_frame(frame: np.ndarray, scale: int, caption: str | None) -> Image.Image:
+    """One frame scaled up by ``scale`` (nearest neighbour: cells stay crisp), with the caption band below."""
+    image = Image.fromarray(np.asarray(frame, dtype=np.uint8))
+    image = image.resize((image.width * scale, image.height * scale), Image.Resampling.NEAREST)
+    if caption is None:
+        return image
+    from PIL import ImageDraw, ImageFont
+
+    framed = Image.new("RGB", (image.width, image.height + CAPTION_PX), PATH_RGB)
+    framed.paste(image, (0, 0))
+    font = ImageFont.load_default(size=CAPTION_PX * 2 // 3)
+    ImageDraw.Draw(framed).text(
+        (image.width // 2, image.height + CAPTION_PX // 2), caption, fill=(0, 0, 0), font=font, anchor="mm"
+    )
+    return framed
+
+
+def episode_gif(
+    frames: Sequence[np.ndarray],
+    path: str | os.PathLike,
+    frame_ms: int = 400,
+    caption: str | None = None,
+    min_px: int = GIF_MIN_PX,
+) -> Path:
+    """Write the frames as an animated GIF (looping, last frame held longer); returns the path.
+
+    Frames are scaled up by a whole factor to at least ``min_px`` wide, and ``caption`` (e.g.
+    :func:`episode_caption`) is written under every frame, so the GIF reads on its own in a UI.
+    """
     if not frames:
         raise ValueError("episode_gif needs at least one frame")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    images = [Image.fromarray(np.asarray(f, dtype=np.uint8)) for f in frames]
+    scale = max(1, -(-min_px // np.asarray(frames[0]).shape[1]))  # ceil(min_px / width)
+    images = [_gif_frame(frame, scale, caption) for frame in frames]
     durations = [frame_ms] * (len(images) - 1) + [frame_ms * 3]
     tmp = path.with_name(path.name + ".tmp")
     images[0].save(

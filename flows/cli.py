@@ -1,8 +1,14 @@
 """``mazerl run``: the pipeline flow on this machine, with nothing configured beforehand.
 
-It points Prefect at a store under the data root (unless a Prefect API is configured),
-starts the embedded Ray head if no address is given (and stops it afterwards if it started
-it), runs the flow, and prints where everything landed.
+It checks every input first (flags, the parameters file, :mod:`mazerl.preflight`, the Ray
+address or the embedded head's temp dir), so a bad input is refused in about a second, exit
+code 2, before Prefect or Ray start and before anything is written. Then it points Prefect at
+a store under the data root (unless a Prefect API is configured), uses the embedded Ray head
+if no address is given (started if none runs, stopped when the last run using it ends), runs
+the flow, and prints where everything landed.
+
+Exit codes: 0 the run completed, 2 a bad input (the message names the flag or parameter and
+the fix), 1 a failure during the run (its record is the failed Prefect flow run).
 """
 
 from __future__ import annotations
@@ -12,8 +18,16 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from mazerl import paths
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
+class FlagError(ValueError):
+    """A flag or parameters file that cannot be read as what it must be."""
 
 
 def configure_prefect(root: Path) -> None:
@@ -35,7 +49,7 @@ def add_run_command(subparsers: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--base-model", help="HF model directory (default: the self-built starter)")
     run.add_argument("--eval-set", help="eval set name (default: maze256-small-v1 for the starter)")
-    run.add_argument("--backend", choices=["local", "skyrl"], default="local")
+    run.add_argument("--backend", choices=["local", "skyrl"], help="training backend (default: local)")
     run.add_argument("--ray-address", help="Ray dashboard address (default: start a local head)")
     run.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite under the data root)")
     run.add_argument("--steps", type=int, help="GRPO steps (default: the embedded recipe's)")
@@ -45,61 +59,112 @@ def add_run_command(subparsers: argparse._SubParsersAction) -> None:
     run.set_defaults(func=run_command)
 
 
+def json_object(text: str, what: str, example: str) -> dict[str, Any]:
+    """``text`` parsed as a JSON object; the error names ``what`` (a flag, or a file and its flag)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FlagError(f"{what} is not valid JSON ({exc}); give a JSON object, e.g. {example}") from None
+    if not isinstance(value, dict):
+        kind = JSON_KINDS.get(type(value), type(value).__name__)
+        raise FlagError(f"{what} holds a JSON {kind}, not an object; give an object, e.g. {example}")
+    return value
+
+
+def read_params_file(path: str) -> dict[str, Any]:
+    """The ``--params`` file as a dict; every error names the file and the flag."""
+    what = f"--params {path}"
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise FlagError(f"{what} cannot be read ({exc.strerror}); give a JSON file of pipeline parameters") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FlagError(
+            f"{what} is not UTF-8 text (byte {data[exc.start]:#04x} at position {exc.start}); save it as UTF-8 JSON"
+        ) from None
+    return json_object(text, what, '{"base_model": "/models/qwen3-vl", "training": {"steps": 40}}')
+
+
 def build_params(args: argparse.Namespace):
+    """The flags and the parameters file as one ``PipelineParams`` (flags win); raises ValueError subclasses."""
     from mazerl.params import PipelineParams
 
-    values = json.loads(Path(args.params).read_text()) if args.params else {}
+    values = read_params_file(args.params) if args.params else {}
     flags = {
         "data_root": args.data_root,
         "base_model": args.base_model,
         "eval_set": args.eval_set,
+        "backend": args.backend,
         "ray_address": args.ray_address,
         "tracking_uri": args.tracking_uri,
         "max_eval_mazes": args.max_eval_mazes,
     }
     values |= {key: value for key, value in flags.items() if value is not None}
-    values["backend"] = args.backend
-    training = dict(values.get("training", {}))
-    if args.training:
-        training |= json.loads(args.training)
+    training = values.get("training", {})
+    if not isinstance(training, dict):
+        raise FlagError(f'training in --params {args.params} must be a JSON object of overrides, e.g. {{"steps": 40}}')
+    if args.training is not None:
+        training = training | json_object(args.training, "--training", "'{\"learning_rate\": 5e-5}'")
     if args.steps is not None:
-        training["steps"] = args.steps
+        training = training | {"steps": args.steps}
     values["training"] = training
     return PipelineParams.model_validate(values)
 
 
-def run_command(args: argparse.Namespace) -> int:
+def describe(exc: Exception) -> str:
+    """One line per problem: ``field: what is wrong and the fix`` (pydantic's own text without its noise)."""
     from pydantic import ValidationError
 
+    if not isinstance(exc, ValidationError):
+        return str(exc)
+    lines = []
+    for error in exc.errors():
+        field = ".".join(str(part) for part in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        lines.append(message if not field or message.startswith(field) else f"{field}: {message}")
+    return "\n".join(lines)
+
+
+def check_run_inputs(params) -> None:
+    """Everything ``mazerl run`` can check in about a second, before it starts or writes anything."""
+    from mazerl.cluster.ray_local import check_temp_dir
+    from mazerl.preflight import check_pipeline_inputs, check_ray_address
+
+    check_pipeline_inputs(params)
+    if params.ray_address is None:
+        check_temp_dir()  # the embedded head's (TMPDIR too long, or a directory others can write)
+    else:
+        check_ray_address(params.ray_address)
+
+
+def run_command(args: argparse.Namespace) -> int:
     try:
         params = build_params(args)
-    except (ValidationError, ValueError, OSError) as exc:
-        print(f"error: invalid pipeline parameters:\n{exc}", file=sys.stderr)
-        return 2
-    from mazerl.preflight import InputError, check_data_root
-
-    root = params.root()
-    try:
-        check_data_root(root)  # Prefect's own database goes under it next
-    except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    root.mkdir(parents=True, exist_ok=True)
+        check_run_inputs(params)
+        root = params.root()
+        root.mkdir(parents=True, exist_ok=True)
+    except (ValueError, OSError) as exc:  # pydantic's ValidationError, InputError, FlagError are ValueErrors
+        print(f"error: {describe(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     configure_prefect(root)
 
-    from mazerl.cluster.ray_local import ensure_local_head
+    from contextlib import nullcontext
 
-    head = None
-    if params.ray_address is None:
-        head = ensure_local_head()
-        print(f"local Ray head at {head.address} ({'started' if head.started_here else 'reused'})", flush=True)
-    try:
+    from mazerl.cluster.ray_local import local_ray_head
+
+    with local_ray_head() if params.ray_address is None else nullcontext() as head:
+        if head is not None:
+            print(f"local Ray head at {head.address} ({'started' if head.started_here else 'reused'})", flush=True)
         from flows.pipeline import pipeline
 
-        summary = pipeline(params)
-    finally:
-        if head is not None and head.started_here:
-            head.stop()
+        try:
+            summary = pipeline(params)
+        except Exception as exc:  # the flow run's record (state, logs, traceback) is in Prefect
+            print(f"\nerror: the pipeline run failed: {type(exc).__name__}: {describe(exc)}", file=sys.stderr)
+            print("its record: prefect flow-run ls --state Failed; prefect flow-run logs <id>", file=sys.stderr)
+            return EXIT_BAD_INPUT if isinstance(exc, ValueError) else EXIT_FAILURE
     print("\n" + "=" * 72 + "\n" + summary.text())
     print(
         f"\nLook at it: mlflow ui --backend-store-uri {summary.tracking_uri}"
@@ -109,4 +174,4 @@ def run_command(args: argparse.Namespace) -> int:
             else ""
         )
     )
-    return 0
+    return EXIT_OK

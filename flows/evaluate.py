@@ -17,8 +17,6 @@ from tasks.setup import prepare_eval
 def evaluate_model(params: EvalParams) -> dict[str, float]:
     """Greedy eval of one model; results in an MLflow run of its own and as Prefect artifacts."""
     run, model_dir = prepare_eval(params)
-    settings = EvalSettings(
-        eval_set=run.eval_set, workers=params.eval_workers, max_mazes=params.max_eval_mazes, gif_count=params.gif_count
-    )
+    settings = EvalSettings.of(params, run.eval_set)
     report = final_eval.with_options(name="eval")(run, model_dir, settings)
     return record_eval(run, "final_eval", report)

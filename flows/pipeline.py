@@ -25,9 +25,7 @@ def pipeline(params: PipelineParams = PipelineParams()) -> PipelineSummary:  # n
     """Teach the policy to solve mazes with multi-turn GRPO and promote it if it beats its baseline."""
     run = prepare(params)
     check_cluster(run, params)
-    settings = EvalSettings(
-        eval_set=run.eval_set, workers=params.eval_workers, max_mazes=params.max_eval_mazes, gif_count=params.gif_count
-    )
+    settings = EvalSettings.of(params, run.eval_set)
     baseline = baseline_eval(run, settings)
     if not baseline.summary_path.is_file():  # the cached report's run directory was deleted: evaluate anew
         baseline = baseline_eval.with_options(refresh_cache=True)(run, settings)

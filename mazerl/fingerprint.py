@@ -37,3 +37,8 @@ def model_fingerprint(model_dir: str | os.PathLike) -> str:
                 handle.seek(size - EDGE_BYTES)
                 digest.update(handle.read(EDGE_BYTES))
     return digest.hexdigest()
+
+
+def mismatch(recorded: str, model: str, actual: str) -> str:
+    """The shared part of every "trained on another base model" refusal (fingerprints shortened)."""
+    return f"a base model with fingerprint {recorded[:16]}..., but {model} has {actual[:16]}..."

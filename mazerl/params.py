@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, ValidationError, model_validator
 
 from envs.evalset import EMBEDDED_EVAL_SET, SPECS
 from mazerl import paths
-from mazerl.training.config import TrainConfig
+from mazerl.training.config import PlainNumbers, TrainConfig
 
 REGISTERED_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\- ]{0,254}$")
 
@@ -59,10 +59,17 @@ def _check_ray_address(value: str | None) -> str | None:
     return value
 
 
+def _check_experiment(value: str) -> str:
+    if not value.strip():
+        raise ValueError(f"experiment ({value!r}) is empty; give an MLflow experiment name, e.g. 'vlm-maze-grpo'")
+    return value
+
+
 EvalSetName = Annotated[str | None, AfterValidator(_check_eval_set)]
 RegisteredModelName = Annotated[str | None, AfterValidator(_check_registered_model)]
 TrackingUri = Annotated[str | None, AfterValidator(_check_tracking_uri)]
 RayAddress = Annotated[str | None, AfterValidator(_check_ray_address)]
+ExperimentName = Annotated[str, AfterValidator(_check_experiment)]
 
 
 # The miniature recipe: seconds per stage on 2 cores (3-move episodes, 1 maze x 2 samples, a
@@ -97,10 +104,49 @@ EMBEDDED_TRAINING: dict[str, Any] = {
 }
 
 
-class PipelineParams(BaseModel):
+class EvalEngineParams(PlainNumbers):
+    """Where and how the evals generate: the engine, and the GPUs each eval worker (Ray actor) takes."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    eval_engine: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="Inference engine of the evals: hf (transformers; CPU, or a GPU when the worker has one) "
+        "or vllm (GPU workers only; the hyperpod deployment's choice for 8B models).",
+    )
+    eval_gpus_per_worker: float | None = Field(
+        None,
+        ge=0,
+        description="GPUs each eval worker asks Ray for; None: 1 for vllm, 0 for hf. Fractions below 1 share a "
+        "GPU between workers; above 1 it must be a whole number.",
+    )
+
+    @model_validator(mode="after")
+    def _engine_gets_gpus(self) -> EvalEngineParams:
+        gpus = self.resolved_eval_gpus()
+        if self.eval_engine == "vllm" and gpus == 0:
+            raise ValueError(
+                "eval_gpus_per_worker (0) with eval_engine 'vllm': vLLM runs on GPUs only; give each worker a "
+                "GPU (eval_gpus_per_worker: 1) or use eval_engine 'hf'"
+            )
+        if gpus > 1 and not float(gpus).is_integer():
+            raise ValueError(
+                f"eval_gpus_per_worker ({gpus}) above 1 must be a whole number (Ray gives whole GPUs beyond one); "
+                "e.g. 1 or 2"
+            )
+        return self
+
+    def resolved_eval_gpus(self) -> float:
+        """GPUs per eval worker, the engine's default filled in."""
+        if self.eval_gpus_per_worker is not None:
+            return float(self.eval_gpus_per_worker)
+        return 1.0 if self.eval_engine == "vllm" else 0.0
+
+
+class PipelineParams(EvalEngineParams):
     """Parameters of one pipeline run (the Prefect flow's single argument)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     base_model: str | None = Field(
         None, description="HF model directory of the starting policy; None: the embedded starter (built if missing)."
@@ -118,7 +164,7 @@ class PipelineParams(BaseModel):
     )
     data_root: str | None = Field(None, description="Root of models, runs and the embedded MLflow store.")
     tracking_uri: TrackingUri = Field(None, description="MLflow tracking URI; None: sqlite:///<data_root>/mlflow.db.")
-    experiment: str = Field("vlm-maze-grpo", description="MLflow experiment.")
+    experiment: ExperimentName = Field("vlm-maze-grpo", description="MLflow experiment.")
     registered_model: Annotated[str, AfterValidator(_check_registered_model)] = Field(
         "maze-vlm", description="MLflow registered model for the merged adapters."
     )
@@ -130,6 +176,13 @@ class PipelineParams(BaseModel):
     max_eval_mazes: int | None = Field(None, ge=1, description="Evaluate only the first N mazes (smoke runs).")
     gif_count: int = Field(4, ge=0, description="Episode GIFs kept per eval (solved and failed).")
     train_retries: int = Field(3, ge=0, description="Retries of the train stage on infrastructure failures.")
+    local_train_gpus: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description="GPUs the local backend's training job asks Ray for: 0 trains where Ray starts the job (the "
+        "head; CPU unless it has a GPU); 1 starts it on a GPU node and trains there. SkyRL places its own workers.",
+    )
     hang_timeout_s: float = Field(
         1800.0, gt=0, description="Stop and retry a training job with no new step for this long."
     )
@@ -141,6 +194,11 @@ class PipelineParams(BaseModel):
     def _training_overrides_are_valid(self) -> PipelineParams:
         """Check ``training`` now, before any stage (the base model path is not needed for that)."""
         self.train_config("validation", Path("/nonexistent/base-model"))
+        if self.local_train_gpus and self.backend != "local":
+            raise ValueError(
+                f"local_train_gpus ({self.local_train_gpus}) applies to backend 'local' only: SkyRL places its own "
+                "GPU workers (training.skyrl.num_gpus / num_nodes); remove local_train_gpus"
+            )
         return self
 
     def root(self) -> Path:
@@ -154,9 +212,14 @@ class PipelineParams(BaseModel):
             return self.eval_set
         return EMBEDDED_EVAL_SET if self.base_model is None else "maze64-easy-v1"
 
+    def training_recipe(self) -> str:
+        """The recipe the ``training`` overrides apply to: ``embedded`` (the starter on the local
+        backend, EMBEDDED_TRAINING) or ``defaults`` (TrainConfig's own defaults)."""
+        return "embedded" if self.base_model is None and self.backend == "local" else "defaults"
+
     def train_config(self, run_id: str, base_model: Path, mlflow_run_id: str | None = None) -> TrainConfig:
         """The training config this pipeline run trains with; errors name ``training.<field>``."""
-        embedded = EMBEDDED_TRAINING if self.base_model is None and self.backend == "local" else {}
+        embedded = EMBEDDED_TRAINING if self.training_recipe() == "embedded" else {}
         merged = _deep_merge(embedded, self.training)
         fixed = {
             "run_id": run_id,
@@ -179,8 +242,8 @@ class PipelineParams(BaseModel):
             return TrainConfig.model_validate({**merged, **fixed})
         except ValidationError as exc:
             first = exc.errors()[0]
-            field = ".".join(str(part) for part in first["loc"])
-            raise ValueError(f"training.{field}: {first['msg'].removeprefix('Value error, ')}") from exc
+            field = ".".join(["training", *(str(part) for part in first["loc"])])
+            raise ValueError(f"{field}: {first['msg'].removeprefix('Value error, ')}") from exc
 
 
 def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -192,10 +255,10 @@ def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
     return merged
 
 
-class EvalParams(BaseModel):
+class EvalParams(EvalEngineParams):
     """Parameters of the eval-only flow: a model directory or a registered model version."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model_dir: str | None = Field(None, description="HF model directory to evaluate.")
     registered_model: RegisteredModelName = Field(None, description="Registered model name (instead of model_dir).")
@@ -204,7 +267,7 @@ class EvalParams(BaseModel):
     ray_address: RayAddress = Field(None, description="Ray dashboard address; None: start a local head.")
     data_root: str | None = Field(None, description="Root for eval outputs and the embedded MLflow store.")
     tracking_uri: TrackingUri = Field(None, description="MLflow tracking URI; None: the embedded store.")
-    experiment: str = Field("vlm-maze-eval", description="MLflow experiment of eval-only runs.")
+    experiment: ExperimentName = Field("vlm-maze-eval", description="MLflow experiment of eval-only runs.")
     eval_workers: int = Field(2, ge=1, description="Parallel eval workers.")
     max_eval_mazes: int | None = Field(None, ge=1, description="Evaluate only the first N mazes.")
     gif_count: int = Field(4, ge=0, description="Episode GIFs kept.")

@@ -19,6 +19,11 @@ def data_root(root: str | os.PathLike | None = None) -> Path:
     return Path(chosen).expanduser().resolve()
 
 
+def dir_size_mb(path: str | os.PathLike) -> float:
+    """Total size of the files under ``path``, in MiB."""
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file()) / 2**20
+
+
 def models_dir(root: Path) -> Path:
     return root / "models"
 

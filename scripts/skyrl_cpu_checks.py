@@ -35,7 +35,12 @@ sys.path.insert(0, str(REPO))
 from envs.evalset import load as load_eval_set  # noqa: E402
 from envs.maze import Layout, solve  # noqa: E402
 from mazerl.training.config import TrainConfig, load_config  # noqa: E402
-from mazerl.training.skyrl_backend import METRIC_ALIASES, build_overrides, write_datasets  # noqa: E402
+from mazerl.training.skyrl_backend import (  # noqa: E402
+    METRIC_ALIASES,
+    PLACEHOLDER_PROMPT,
+    build_overrides,
+    write_datasets,
+)
 
 
 def check_config(config: TrainConfig):
@@ -58,7 +63,7 @@ def tiny_tokenizer():
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {"[UNK]": 0, "<eos>": 1, "user": 2, "assistant": 3, "maze": 4}
+    vocab = {"[UNK]": 0, "<eos>": 1, "user": 2, "assistant": 3, "placeholder": 4}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="<eos>")
@@ -78,7 +83,7 @@ def play(extras: dict, layout: Layout) -> float:
     register_maze_env()
     env_config = getattr(SkyRLGymConfig(), ENV_ID, dict())  # what SkyRLVLMGymGenerator passes
     env = skyrl_gym.make(ENV_ID, env_config=env_config, extras=extras)
-    env.init([{"role": "user", "content": "maze"}])
+    env.init(PLACEHOLDER_PROMPT)
     assert env.env.layout == layout, "the env plays a different maze than the ticket names"
     out = None
     for text in solve(layout):

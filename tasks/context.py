@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mazerl.cluster.ray_local import find_local_head
+from mazerl.tracking import lineage
 
 
 @dataclass(frozen=True)
@@ -24,12 +25,19 @@ class RunContext:
     ray_address: str
     base_model: Path
     eval_set: str
-    stage_run_ids: dict[str, str]  # MLflow child run ids by stage name
+    stage_run_ids: dict[str, str]  # MLflow runs known up front by stage name (the eval flow's one run)
     pipeline_run_id: str  # MLflow parent run id
 
     @property
     def run_dir(self) -> Path:
         return self.root / "runs" / self.run_id
+
+    def stage_run_id(self, stage: str) -> str:
+        """The MLflow run of ``stage``: a known one, else the parent's child run, created now if the
+        stage has none yet, so that it starts when the stage starts (``lineage.stage_run_id``)."""
+        if stage in self.stage_run_ids:
+            return self.stage_run_ids[stage]
+        return lineage.stage_run_id(self.tracking_uri, self.pipeline_run_id, stage)
 
 
 def ray_headers(address: str) -> dict[str, str] | None:

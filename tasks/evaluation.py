@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -18,9 +17,10 @@ from prefect.artifacts import create_table_artifact
 from envs.evalset import load as load_eval_set
 from mazerl.evaluation.evaluate import EvalReport
 from mazerl.fingerprint import model_fingerprint
+from mazerl.params import EvalParams, PipelineParams
 from mazerl.tracking.lineage import client_for, log_eval_report, log_eval_set, stage_run
 from tasks.context import RunContext
-from tasks.jobs import run_stage_job
+from tasks.jobs import run_stage_job, write_request
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,19 @@ class EvalSettings:
     gif_count: int = 4
     engine: str = "hf"
     max_new_tokens: int = 24
+    gpus_per_worker: float = 0.0
+
+    @classmethod
+    def of(cls, params: PipelineParams | EvalParams, eval_set: str) -> EvalSettings:
+        """The settings a pipeline or eval-only run's parameters ask for."""
+        return cls(
+            eval_set=eval_set,
+            workers=params.eval_workers,
+            max_mazes=params.max_eval_mazes,
+            gif_count=params.gif_count,
+            engine=params.eval_engine,
+            gpus_per_worker=params.resolved_eval_gpus(),
+        )
 
 
 def baseline_cache_key(context, parameters: dict) -> str:
@@ -44,7 +57,8 @@ def baseline_cache_key(context, parameters: dict) -> str:
         {
             "model": model_fingerprint(run.base_model),
             "eval_set": eval_set.digest,
-            "settings": asdict(settings) | {"workers": None},  # workers change speed, not results
+            # workers and their GPUs change speed and placement, not results
+            "settings": asdict(settings) | {"workers": None, "gpus_per_worker": None},
             "root": str(run.root),
         },
         sort_keys=True,
@@ -60,16 +74,16 @@ def _evaluate(run: RunContext, stage: str, model_dir: Path, settings: EvalSettin
         "eval_set": settings.eval_set,
         "engine": settings.engine,
         "workers": settings.workers,
+        "gpus_per_worker": settings.gpus_per_worker,
         "out_dir": str(out_dir),
         "gif_count": settings.gif_count,
         "max_mazes": settings.max_mazes,
         "max_new_tokens": settings.max_new_tokens,
     }
-    request_path = out_dir / "request.json"
-    tmp = request_path.with_name(request_path.name + ".tmp")
-    tmp.write_text(json.dumps(request, indent=2))
-    os.replace(tmp, request_path)
-    run_stage_job(run, stage, "mazerl.evaluation.job_entry", request_path)
+    request_path = write_request(out_dir / "request.json", request)
+    # The stage's MLflow run starts with the eval job; record_eval ends it once the report is logged.
+    with stage_run(run.tracking_uri, run.stage_run_id(f"{stage}_eval"), finish=False):
+        run_stage_job(run, stage, "mazerl.evaluation.job_entry", request_path)
     return EvalReport.from_summary(out_dir / "summary.json")
 
 
@@ -89,7 +103,7 @@ def final_eval(run: RunContext, merged_model: Path, settings: EvalSettings) -> E
 def record_eval(run: RunContext, stage: str, report: EvalReport) -> dict[str, float]:
     """Log an eval report into this pipeline run's stage run (also when the report came from the cache)."""
     logger = get_run_logger()
-    run_id = run.stage_run_ids[stage]
+    run_id = run.stage_run_id(stage)
     if not report.summary_path.is_file():
         raise FileNotFoundError(
             f"the {stage} report {report.summary_path} is gone (was the data root cleaned?); re-run with "

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from prefect import get_run_logger
 from prefect.runtime import task_run
@@ -26,9 +29,15 @@ def run_stage_job(
     *,
     env_vars: dict[str, str] | None = None,
     hang_timeout_s: float | None = None,
+    progress_probe: Callable[[], object] | None = None,
     on_line: Callable[[str], None] | None = None,
+    **job_options: Any,
 ) -> JobOutcome:
-    """Submit (or re-attach to) ``python -m module --config config_path`` and follow it to its end."""
+    """Submit (or re-attach to) ``python -m module --config config_path`` and follow it to its end.
+
+    ``job_options``: the rest of :class:`~mazerl.cluster.submitter.RayJob`'s options, e.g.
+    ``entrypoint_memory`` to start the job on a node with that much memory.
+    """
     logger = get_run_logger()
 
     def log(line: str) -> None:
@@ -46,12 +55,23 @@ def run_stage_job(
         headers=ray_headers(context.ray_address),
         log=log,
         hang_timeout_s=hang_timeout_s,
+        progress_probe=progress_probe,
+        **job_options,
     ) as job:
         logger.info(
             f"{stage}: Ray job {job.submission_id} at {context.ray_address}"
             + (" (re-attached)" if job.reattached else "")
         )
         return job.wait()
+
+
+def write_request(path: Path, request: dict[str, Any]) -> Path:
+    """A stage job's JSON request, written where the cluster reads it (temporary name, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(request, indent=2))
+    os.replace(tmp, path)
+    return path
 
 
 def retry_on_infrastructure(task, task_run, state) -> bool:

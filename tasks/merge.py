@@ -1,4 +1,11 @@
-"""merge_lora: fold the adapter named by the checkpoint marker into the base model, with proof."""
+"""merge_lora: fold the adapter named by the checkpoint marker into the base model, with proof.
+
+The merge runs as a Ray job (``mazerl.tracking.merge_entry``) asking Ray for the memory it needs
+(:mod:`mazerl.tracking.merge_memory`): a whole copy of the base model, which a flow-run pod does
+not have. The job writes the merged directory and its ``merge_record.json`` on the shared mount;
+the job also saves it as an MLflow transformers model beside it (``<run>/mlflow_model``); this task
+reads the record back and uploads that model to MLflow.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +16,10 @@ from prefect import get_run_logger, task
 
 from mazerl.params import PipelineParams
 from mazerl.tracking.lineage import log_merged_model, stage_run
-from mazerl.tracking.merge import merge_lora
+from mazerl.tracking.merge import MergeReport
+from mazerl.tracking.merge_memory import merge_memory, weights_bytes
 from tasks.context import RunContext
+from tasks.jobs import retry_on_infrastructure, run_stage_job, write_request
 from tasks.training import TrainOutcome
 
 
@@ -22,18 +31,33 @@ class MergedModel:
     summary: str
 
 
-@task(name="merge_lora", retries=1, retry_delay_seconds=5, persist_result=True)
+@task(
+    name="merge_lora",
+    retries=1,
+    retry_delay_seconds=5,
+    retry_condition_fn=retry_on_infrastructure,
+    persist_result=True,
+)
 def merge(run: RunContext, trained: TrainOutcome, params: PipelineParams) -> MergedModel:
     logger = get_run_logger()
-    run_id = run.stage_run_ids["merge_lora"]
+    run_id = run.stage_run_id("merge_lora")
+    out_dir = run.run_dir / "merged"
+    request = write_request(
+        run.run_dir / "merge_request.json",
+        {
+            "base_model": str(run.base_model),
+            "checkpoints_dir": str(trained.checkpoints_dir),
+            "out_dir": str(out_dir),
+            "probe_eval_set": run.eval_set,
+            "mlflow_model_dir": str(run.run_dir / "mlflow_model"),
+            "max_artifact_mb": params.max_artifact_mb,
+        },
+    )
+    need = merge_memory(weights_bytes(run.base_model))
+    logger.info(f"merge_lora: a Ray job asking for {need.describe()}")
     with stage_run(run.tracking_uri, run_id):
-        report = merge_lora(
-            run.base_model,
-            trained.checkpoints_dir,
-            run.run_dir / "merged",
-            probe_eval_set=run.eval_set,
-            log=logger.info,
-        )
+        run_stage_job(run, "merge_lora", "mazerl.tracking.merge_entry", request, entrypoint_memory=need.total_bytes)
+        report = MergeReport.read(out_dir)
         logger.info(report.summary())
-        logged = log_merged_model(run.tracking_uri, run_id, report.merged_dir, params.max_artifact_mb)
+        logged = log_merged_model(run.tracking_uri, run_id, report.merged_dir, run.run_dir / "mlflow_model")
     return MergedModel(Path(report.merged_dir), logged.source, report.checkpoint_step or 0, report.summary())

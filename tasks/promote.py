@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import asdict, dataclass
 
+from mlflow.entities import Metric
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
+from envs.evalset import load as load_eval_set
 from mazerl.evaluation.evaluate import EvalReport
 from mazerl.params import PipelineParams
 from mazerl.tracking.curves import log_learning_curve
-from mazerl.tracking.lineage import set_run_status
+from mazerl.tracking.lineage import HEADLINE_METRICS, client_for, experiment_url, fails_run, set_run_status, ui_url
 from mazerl.tracking.registry import PromotionDecision, promote
 from mazerl.tracking.secrets import scrub_text
 from tasks.context import RunContext
@@ -37,14 +40,22 @@ class PipelineSummary:
     promoted: bool
     decision: str
     run_dir: str
+    mlflow_url: str | None = None  # the parent run's page in the MLflow UI (a local store: once `mlflow ui` runs)
 
     def text(self) -> str:
         return (
             f"baseline {self.baseline:.1%} -> final {self.final:.1%} (budget ceiling {self.budget_ceiling:.1%}); "
             f"per maze: {self.fixed} fixed, {self.broken} broken, {self.still_failing} still failing "
             f"(exact McNemar p = {self.mcnemar_p:.3g})\n{self.decision}\n"
-            f"MLflow run {self.mlflow_run_id} at {self.tracking_uri}\nartifacts under {self.run_dir}"
+            f"MLflow run {self.mlflow_run_id} at {self.tracking_uri}\n"
+            + (f"  {self.mlflow_url}\n" if self.mlflow_url else "")
+            + f"artifacts under {self.run_dir}"
         )
+
+    def headline_metrics(self) -> dict[str, float]:
+        """The parent run's metrics: the numbers the runs table shows for each pipeline run."""
+        values = (self.baseline, self.final, self.final - self.baseline, self.mcnemar_p, self.budget_ceiling)
+        return dict(zip(HEADLINE_METRICS, values, strict=True))
 
 
 def paired_outcomes(baseline: EvalReport, final: EvalReport) -> tuple[int, int, int, int]:
@@ -71,6 +82,14 @@ def exact_mcnemar_p(fixed: int, broken: int) -> float:
     return min(1.0, 2 * tail)
 
 
+def greedy_eval_mazes(params: PipelineParams, run: RunContext) -> str:
+    """Which mazes the trainer's greedy evals play, in words, for the learning curve's legend."""
+    config = params.train_config(run.run_id, run.base_model)
+    total = len(load_eval_set(config.eval_set))
+    played = min(config.eval_mazes or total, total)
+    return f"{'all' if played == total else f'the first {played} of the'} {total} mazes of {config.eval_set}"
+
+
 @task(name="promote", retries=1, retry_delay_seconds=5)
 def promote_model(
     run: RunContext,
@@ -80,12 +99,18 @@ def promote_model(
     merged: MergedModel,
     trained: TrainOutcome,
 ) -> PipelineSummary:
+    """Register and maybe promote; then the curve, the headline metrics and the summary on the parent run."""
+    with fails_run(run.tracking_uri, run.pipeline_run_id):  # the parent's duration ends here too
+        return _promote(run, params, baseline, final, merged, trained)
+
+
+def _promote(run, params, baseline, final, merged, trained) -> PipelineSummary:
     logger = get_run_logger()
     decision: PromotionDecision = promote(
         run.tracking_uri,
         params.registered_model,
         merged.source,
-        run.stage_run_ids["merge_lora"],
+        run.stage_run_id("merge_lora"),
         baseline.success_rate,
         final.success_rate,
         params.promotion_threshold,
@@ -93,16 +118,20 @@ def promote_model(
     )
     logger.info(decision.reason)
     fixed, broken, failing, _ = paired_outcomes(baseline, final)
-    p_value = exact_mcnemar_p(fixed, broken)
     log_learning_curve(
         run.tracking_uri,
         run.pipeline_run_id,
         run.run_dir / "learning_curve",
-        train_run_id=run.stage_run_ids["train"],
+        train_run_id=run.stage_run_id("train"),
         metrics_jsonl=trained.metrics_jsonl if trained.metrics_jsonl.is_file() else None,
         baseline=baseline.success_rate,
         final=final.success_rate,
+        greedy_on=greedy_eval_mazes(params, run),
+        eval_on=f"{baseline.n} mazes of {baseline.eval_set}",
     )
+    client = client_for(run.tracking_uri)
+    home = ui_url(run.tracking_uri)
+    experiment_id = client.get_run(run.pipeline_run_id).info.experiment_id
     summary = PipelineSummary(
         run_id=run.run_id,
         mlflow_run_id=run.pipeline_run_id,
@@ -113,25 +142,20 @@ def promote_model(
         fixed=fixed,
         broken=broken,
         still_failing=failing,
-        mcnemar_p=p_value,
+        mcnemar_p=exact_mcnemar_p(fixed, broken),
         promoted=decision.promoted,
         decision=decision.reason,
         run_dir=str(run.run_dir),
+        mlflow_url=experiment_url(home, experiment_id, run.pipeline_run_id) if home else None,
     )
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(run.tracking_uri)
     summary_json = scrub_text(json.dumps(asdict(summary), indent=2))
     client.log_text(run.pipeline_run_id, summary_json, "summary.json")
     tmp = run.run_dir / ".summary.json.tmp"  # a copy beside the run's files, for scripts (bench/embedded_result.py)
     tmp.write_text(summary_json)
     tmp.replace(run.run_dir / "summary.json")
-    for key, value in {
-        "baseline/success_rate": baseline.success_rate,
-        "final/success_rate": final.success_rate,
-        "final/mcnemar_p": p_value,
-    }.items():
-        client.log_metric(run.pipeline_run_id, key, value)
+    now_ms = int(time.time() * 1000)
+    metrics = [Metric(key, value, now_ms, 0) for key, value in summary.headline_metrics().items()]
+    client.log_batch(run.pipeline_run_id, metrics=metrics)
     create_markdown_artifact(_markdown(summary, baseline, final), key="pipeline-summary")
     set_run_status(run.tracking_uri, run.pipeline_run_id, "FINISHED")
     return summary

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.runtime import deployment, flow_run
 
+from envs.evalset import load as load_eval_set
 from mazerl.cluster.ray_local import ensure_local_head
+from mazerl.fingerprint import model_fingerprint
 from mazerl.params import EvalParams, PipelineParams
 from mazerl.policy.starter import ensure_starter
-from mazerl.preflight import InputError, check_pipeline_inputs
+from mazerl.preflight import InputError, check_pipeline_inputs, check_tracking_uri
 from mazerl.tracking.lineage import (
     client_for,
     default_artifact_location,
@@ -59,7 +63,8 @@ def prepare(params: PipelineParams) -> RunContext:
     runs = start_pipeline_run(
         params.resolved_tracking_uri(),
         params.experiment,
-        params=params,
+        run_name=run_id,
+        params=resolved_params(params, run_id, base_model),
         flow_run_id=flow_id,
         deployment=deployment.name,
         tags={"mazerl.run_id": run_id, "mazerl.backend": params.backend},
@@ -76,18 +81,42 @@ def prepare(params: PipelineParams) -> RunContext:
         ray_address=address,
         base_model=base_model,
         eval_set=params.resolved_eval_set(),
-        stage_run_ids=dict(runs.stage_run_ids),
+        stage_run_ids={},  # each stage opens (or, on a retry, finds) its own run when it starts
         pipeline_run_id=runs.parent_run_id,
     )
 
 
-@task(name="prepare_eval", retries=1, retry_delay_seconds=5)
+# Training fields the pipeline sets itself; they are logged once, at the top level.
+_PIPELINE_SET = {"run_id", "base_model", "data_root", "backend", "eval_set", "mlflow"}
+
+
+def resolved_params(params: PipelineParams, run_id: str, base_model: Path) -> dict[str, Any]:
+    """What the run really uses, for the parent run's params: the resolved model, eval set, data
+    root and tracking URI instead of their ``None`` defaults, and every field of the training
+    config (``training.<field>``) with the recipe it started from and the user's overrides."""
+    eval_set = load_eval_set(params.resolved_eval_set())
+    config = params.train_config(run_id, base_model)
+    return params.model_dump(mode="json", exclude={"training"}) | {
+        "base_model": str(base_model),
+        "base_model.fingerprint": model_fingerprint(base_model),
+        "eval_set": eval_set.name,
+        "eval_set.sha256": eval_set.digest,
+        "data_root": str(params.root()),
+        "tracking_uri": params.resolved_tracking_uri(),
+        "training.recipe": params.training_recipe(),
+        "training.overrides": json.dumps(params.training, sort_keys=True),
+        "training": config.model_dump(mode="json", exclude=_PIPELINE_SET),
+    }
+
+
+@task(name="prepare_eval", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_bad_input)
 def prepare_eval(params: EvalParams) -> tuple[RunContext, Path]:
     """Resolve the model (a directory, or a registry version/alias), find or start Ray, open one MLflow run."""
     logger = get_run_logger()
+    tracking_uri = params.resolved_tracking_uri()
+    check_tracking_uri(tracking_uri)  # seconds, not MLflow's minutes of retries
     root = params.root()
     root.mkdir(parents=True, exist_ok=True)
-    tracking_uri = params.resolved_tracking_uri()
     if params.model_dir is not None:
         model_dir = Path(params.model_dir).expanduser().resolve()
     else:

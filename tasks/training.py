@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
+from mazerl.cluster.submitter import META_IDENTITY_PREFIX
 from mazerl.params import PipelineParams
 from mazerl.tracking.lineage import log_config_file, log_params, stage_run
 from mazerl.training import checkpoints
 from mazerl.training.config import save_config
+from mazerl.training.progress import TrainingProgress
 from tasks.context import RunContext
 from tasks.jobs import retry_on_infrastructure, run_stage_job
 
 ENTRYPOINTS = {"local": "mazerl.training.local_entry", "skyrl": "mazerl.training.skyrl_entry"}
-_STEP_LINE = re.compile(r"\bstep (\d+)/(\d+)")
 
 
 @dataclass(frozen=True)
@@ -41,16 +41,20 @@ class TrainOutcome:
 def train(run: RunContext, params: PipelineParams) -> TrainOutcome:
     """Submit the backend's entrypoint; a retry resubmits and the job resumes from the marker's step."""
     logger = get_run_logger()
-    run_id = run.stage_run_ids["train"]
+    run_id = run.stage_run_id("train")
     config = params.train_config(run.run_id, run.base_model, mlflow_run_id=run_id)
     config_path = save_config(config, run.run_dir / "train_config.json")
     progress_id = create_progress_artifact(0.0, key="train-progress", description=f"GRPO steps of {run.run_id}")
+    # One reading of progress for the hang watchdog and the artifact: the step lines both
+    # backends print, and the checkpoint marker on the shared mount.
+    progress = TrainingProgress(config.checkpoint_dir, total_steps=config.steps)
+    shown = {"fraction": 0.0}
 
-    def on_line(line: str) -> None:
-        match = _STEP_LINE.search(line)
-        if match:
-            done, total = int(match.group(1)), int(match.group(2))
-            update_progress_artifact(progress_id, 100.0 * done / max(total, 1))
+    def on_line(_line: str) -> None:  # the submitter has fed the line to `progress` already
+        fraction = progress.fraction
+        if fraction is not None and fraction > shown["fraction"]:
+            shown["fraction"] = fraction
+            update_progress_artifact(progress_id, 100.0 * fraction)
 
     with stage_run(run.tracking_uri, run_id):
         log_params(run.tracking_uri, run_id, config)
@@ -62,8 +66,15 @@ def train(run: RunContext, params: PipelineParams) -> TrainOutcome:
             config_path,
             env_vars={"MLFLOW_TRACKING_URI": run.tracking_uri, "MLFLOW_RUN_ID": run_id},
             hang_timeout_s=params.hang_timeout_s,
+            progress_probe=progress,
             on_line=on_line,
+            identity=config.identity(),
+            entrypoint_num_gpus=params.local_train_gpus or None,
         )
+        trained_by = outcome.metadata.get(META_IDENTITY_PREFIX + "run_id", config.run_id)
+        if trained_by != config.run_id:  # re-attached to the same training started by an earlier flow run
+            logger.info(f"train: the checkpoints are those of run {trained_by}, whose job this flow run followed")
+            config = config.model_copy(update={"run_id": trained_by})
         latest = checkpoints.latest(config.checkpoint_dir)
         final_step = latest.step if latest else 0
         if final_step < config.steps:  # never report steps that did not run as done

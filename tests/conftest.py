@@ -7,6 +7,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def pytest_report_header(config) -> str:
+    """The library stack under test (`make test-image-stack` runs the cluster image's)."""
+    import importlib.metadata
+
+    names = ("torch", "ray", "transformers", "peft")
+    return "stack: " + ", ".join(f"{name} {importlib.metadata.version(name)}" for name in names)
+
+
 # --------------------------------------------------------------------------------------
 # Shared model fixture (policy runtime). Any suite may request it.
 # --------------------------------------------------------------------------------------
@@ -125,3 +133,22 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory):
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture
+def no_aws_identity(monkeypatch, tmp_path):
+    """This process as a pod without an IAM identity: no keys, profile, Pod Identity agent, web
+    identity or instance role that boto3's credential chain could find (and no network tried)."""
+    for name in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")

@@ -5,6 +5,9 @@ import torch
 
 from mazerl.training import checkpoints as ckpt
 
+# The checkpoint layout the merge reads in the image, on its versions too (`make test-image-stack`).
+pytestmark = pytest.mark.image_stack
+
 
 def write_fake(step):
     def write(path):

@@ -16,6 +16,9 @@ import yaml
 from mazerl.cluster.client import job_client, parse_address
 from mazerl.cluster.errors import ClusterAccessError, ConfigError, RetryableJobError
 
+# Ray's client address handling, on the Ray the image ships too (`make test-image-stack`).
+pytestmark = pytest.mark.image_stack
+
 
 @pytest.mark.parametrize(
     ("given", "value", "scheme"),
@@ -82,7 +85,7 @@ def write_kubeconfig(path, user: dict, server: str = "https://example.invalid") 
     )
 
 
-def test_sagemaker_address_without_aws_credentials_says_so(monkeypatch, tmp_path):
+def test_sagemaker_address_without_aws_credentials_says_so(monkeypatch, tmp_path, no_aws_identity):
     kubeconfig = tmp_path / "config"
     write_kubeconfig(
         kubeconfig,
@@ -95,17 +98,6 @@ def test_sagemaker_address_without_aws_credentials_says_so(monkeypatch, tmp_path
         },
     )
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    for name in (
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_PROFILE",
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     with pytest.raises(ClusterAccessError, match="no AWS credentials"):
         job_client("sagemaker_ray://mazerl/mazerl")
 
@@ -127,6 +119,14 @@ def test_sagemaker_address_goes_through_the_real_toolkit_endpoint_unreachable_he
 
 
 def test_token_protected_head_rejects_a_client_without_the_token(local_ray_head):
+    import json
+    import urllib.request
+
     with pytest.raises(ClusterAccessError, match="token"):
         job_client(local_ray_head.address)
-    assert job_client(local_ray_head.address, local_ray_head.auth_headers()).list_jobs() is not None
+    # with the token, the client lists exactly the jobs the head's HTTP API lists with that token
+    listed = job_client(local_ray_head.address, local_ray_head.auth_headers()).list_jobs()
+    request = urllib.request.Request(local_ray_head.address + "/api/jobs/", headers=local_ray_head.auth_headers())
+    with urllib.request.urlopen(request, timeout=10) as response:
+        expected = {job["submission_id"] for job in json.loads(response.read())}
+    assert isinstance(listed, list) and {job.submission_id for job in listed} == expected

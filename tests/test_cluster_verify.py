@@ -14,6 +14,9 @@ from mazerl.cluster.report import CheckRow, ClusterNotReadyError, ClusterReport
 from mazerl.cluster.verify import requirements_for, verify_cluster
 from mazerl.training.config import TrainConfig
 
+# The probe job through Ray's job client, on the Ray the image ships too (`make test-image-stack`).
+pytestmark = pytest.mark.image_stack
+
 EMBEDDED_ROWS = {
     "ray.address",
     "ray.probe_job",
@@ -24,21 +27,32 @@ EMBEDDED_ROWS = {
     "storage.shared",
     "storage.free_space",
     "inputs.base_model",
+    "ray.merge_memory",
     "inputs.eval_set",
 }
 
 
 def fake_model_dir(path: Path, *, weights: bool = True, processor: bool = True, tokenizer: bool = True) -> Path:
-    """The files verify_cluster looks for in a Hugging Face VLM directory (contents are not loaded)."""
+    """The files verify_cluster looks for in a Hugging Face VLM directory (weights: a header and 16 bytes)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps({"model_type": "qwen3_vl"}))
     if weights:
-        (path / "model.safetensors").write_bytes(b"\0" * 4096)
+        save_file({"w": np.zeros(4, dtype=np.float32)}, str(path / "model.safetensors"))
     if processor:
         (path / "preprocessor_config.json").write_text("{}")
     if tokenizer:
         (path / "tokenizer.json").write_text("{}")
     return path
+
+
+def truncated(weights: Path) -> Path:
+    """A copy that stopped early: the last bytes of the data are missing (the header still declares them)."""
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-6])
+    return weights.parent
 
 
 def closed_port_address() -> str:
@@ -66,8 +80,9 @@ def test_embedded_default_passes_against_the_local_head(local_ray_head, tmp_path
         "expected": records[0]["expected"],
         "found": records[0]["found"],
         "ok": True,
+        "advisory": False,
     }
-    assert all(set(r) == {"name", "expected", "found", "ok"} for r in records), "table rows for Prefect and MLflow"
+    assert all(set(r) == {"name", "expected", "found", "ok", "advisory"} for r in records), "rows for Prefect, MLflow"
     assert not (config.data_root / ".mazerl-probe").exists() or not any(
         (config.data_root / ".mazerl-probe").iterdir()
     ), "the probe cleans up its files"
@@ -160,6 +175,10 @@ def test_requirements_follow_the_training_config(tmp_path):
         ),
         (lambda p: fake_model_dir(p, tokenizer=False), ["a tokenizer (tokenizer.json or tokenizer_config.json)"]),
         (lambda p: p, ["the directory itself"]),
+        (
+            lambda p: truncated(fake_model_dir(p) / "model.safetensors"),
+            ["a complete model.safetensors (it is truncated: 74 of the 80 bytes its header declares)"],
+        ),
     ],
 )
 def test_model_dir_check_names_what_is_missing(tmp_path, build, missing):
@@ -167,8 +186,11 @@ def test_model_dir_check_names_what_is_missing(tmp_path, build, missing):
 
 
 def test_model_dir_check_follows_the_shard_index(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
     model = fake_model_dir(tmp_path / "m", weights=False)
-    (model / "model-00001-of-00002.safetensors").write_bytes(b"\0" * 16)
+    save_file({"a": np.zeros(2, dtype=np.float32)}, str(model / "model-00001-of-00002.safetensors"))
     index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
     (model / "model.safetensors.index.json").write_text(json.dumps(index))
     assert check_model_dir(str(model))["missing"] == ["weight shard model-00002-of-00002.safetensors"]
@@ -184,6 +206,26 @@ def test_storage_probe_detects_a_mount_that_is_not_shared(tmp_path):
     assert not (shared / ".mazerl-probe" / "tok").exists()
 
 
+def test_eval_placement_counts_the_actors_every_node_holds_at_once():
+    from mazerl.cluster.verify import _eval_rows, actors_that_fit
+
+    # the HyperPod shape: a CPU head and three 2-GPU workers (one of them DEAD)
+    nodes = [
+        {"address": "head", "alive": True, "gpus": 0.0, "cpus": 52.0},
+        {"address": "w1", "alive": True, "gpus": 2.0, "cpus": 40.0},
+        {"address": "w2", "alive": True, "gpus": 2.0, "cpus": 40.0},
+        {"address": "w3", "alive": False, "gpus": 2.0, "cpus": 40.0},
+    ]
+    assert actors_that_fit(nodes, gpus=1.0) == {"head": 0, "w1": 2, "w2": 2}
+    assert actors_that_fit(nodes, gpus=0.5) == {"head": 0, "w1": 4, "w2": 4}
+    assert actors_that_fit(nodes, gpus=0.0) == {"head": 52, "w1": 40, "w2": 40}, "hf workers need a CPU only"
+    (row,) = _eval_rows({"nodes": nodes}, workers=6, gpus=1.0)
+    assert not row.ok and "room for 4 (w1: 2, w2: 2)" in row.found, row
+    (row,) = _eval_rows({"nodes": nodes}, workers=4, gpus=1.0)
+    assert row.ok
+    assert _eval_rows({"nodes": nodes}, workers=0, gpus=1.0) == [], "no eval requested, no row"
+
+
 def test_report_renders_for_people_and_tables():
     report = ClusterReport(
         address="http://h:8265",
@@ -194,3 +236,10 @@ def test_report_renders_for_people_and_tables():
     text = report.markdown()
     assert "| b | y \\| z | none | **NO** |" in text and "NOT ready (1 failed)" in text
     assert ClusterReport(address="h").ok is False, "no checks is not a pass"
+    advisory = ClusterReport(
+        address="h", rows=(CheckRow("a", "x", "x", True), CheckRow("hyperpod.cluster", "y", "not checked", False, True))
+    )
+    assert advisory.ok and advisory.failures == () and [r.name for r in advisory.warnings] == ["hyperpod.cluster"]
+    advisory.raise_for_failures()  # an advisory row never stops the run
+    assert "| hyperpod.cluster | y | not checked | advisory: no |" in advisory.markdown()
+    assert advisory.records()[1]["advisory"] is True

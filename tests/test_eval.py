@@ -51,12 +51,13 @@ def test_summary_counts_success_moves_and_parse_failures():
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    import ray
+def local_ray(local_ray_head):
+    """This process as a driver of the session's loopback-only head (never a bare ray.init(), which
+    listens on every interface and writes an 0644 token into ~/.ray)."""
+    from mazerl.cluster.ray_local import ray_driver
 
-    ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
+    with ray_driver(local_ray_head):
+        yield
 
 
 def test_two_workers_equal_one_worker_maze_by_maze(starter_model_dir, tmp_path, local_ray):

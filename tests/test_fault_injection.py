@@ -1,6 +1,8 @@
-"""Fault injection with real processes: training killed at seeded random points, a full or read-only
-disk at checkpoint time (the OS error simulated), the Prefect process killed while training runs,
-and the Ray head gone when a stage starts.
+"""Fault injection with real processes: training killed at seeded random points, killed at the exact
+points between a checkpoint and its metrics row (checkpoint interval 2, metrics in metrics.jsonl and
+MLflow exactly once), a full or read-only disk at checkpoint time (the OS error simulated), the flow
+process killed while its Ray job trains and the flow run retried, and the Ray head gone when a stage
+starts.
 
 The tiny training config is the one of tests/test_local_trainer.py: seconds per step on the
 reduced starter, CPU, one torch thread, so resumed runs can be compared bit for bit.
@@ -95,7 +97,7 @@ PHASES_WRAPPER = textwrap.dedent(
     LocalGRPOTrainer._build = build_with_paused_optimizer
 
     save = checkpoints.save
-    def slow_save(root, step, write, keep):
+    def slow_save(root, step, write, keep, **kwargs):
         def write_slowly(path):
             announce("checkpoint")
             real = torch.save
@@ -107,7 +109,7 @@ PHASES_WRAPPER = textwrap.dedent(
                 write(path)
             finally:
                 torch.save = real
-        return save(root, step, write_slowly, keep)
+        return save(root, step, write_slowly, keep, **kwargs)
     checkpoints.save = slow_save
 
     sys.exit(local_entry.main(sys.argv[2:]))
@@ -202,6 +204,106 @@ def test_training_killed_at_seeded_random_points_completes_exactly_like_an_unint
 
 
 # --------------------------------------------------------------------------------------
+# (a2) Killed at the exact points between a checkpoint and its metrics row (interval 2)
+# --------------------------------------------------------------------------------------
+
+# The entry point as the Ray job runs it, killing itself (SIGKILL) at one exact point of one step:
+#   marker:N  right after checkpoint N's marker moved, before step N's metrics row is appended;
+#   rename:N  after checkpoint N's directory was renamed into place, before the marker moves;
+#   update:N  inside the optimizer step of step N (mid-update).
+KILL_AT_WRAPPER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from mazerl.training import checkpoints, local_entry
+    from mazerl.training.local_trainer import LocalGRPOTrainer
+
+    point, at = sys.argv[1].split(":")
+    at = int(at)
+    current = {"step": 0}
+
+    def die():
+        print(f"KILLED {point}:{at}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    write_marker = checkpoints._write_text_atomic
+    def kill_around_the_marker(path, text):
+        if path.name == checkpoints.MARKER and text == str(at) and point == "rename":
+            die()  # the directory global_step_<at> is in place; the marker still names the previous step
+        write_marker(path, text)
+        if path.name == checkpoints.MARKER and text == str(at) and point == "marker":
+            die()  # the marker names step <at>; its metrics row is not in metrics.jsonl yet
+    checkpoints._write_text_atomic = kill_around_the_marker
+
+    rollout = LocalGRPOTrainer._rollout
+    def tracked_rollout(self, step):
+        current["step"] = step
+        return rollout(self, step)
+    LocalGRPOTrainer._rollout = tracked_rollout
+
+    build = LocalGRPOTrainer._build
+    def build_with_a_deadly_optimizer_step(self, resume_from):
+        build(self, resume_from)
+        step = self.optimizer.step
+        def deadly_step(*args, **kwargs):
+            if point == "update" and current["step"] == at:
+                die()
+            return step(*args, **kwargs)
+        self.optimizer.step = deadly_step
+    LocalGRPOTrainer._build = build_with_a_deadly_optimizer_step
+
+    sys.exit(local_entry.main(sys.argv[2:]))
+    """
+)
+
+
+def test_kills_between_a_checkpoint_and_its_metrics_row_leave_every_step_logged_exactly_once(
+    tmp_path, starter_model_dir, mlflow_root
+):
+    from mlflow.tracking import MlflowClient
+
+    from mazerl.tracking.lineage import default_tracking_uri
+
+    # Given a 6-step run with a checkpoint every 2 steps, logging to MLflow and metrics.jsonl,
+    uri = default_tracking_uri(mlflow_root)
+    client = MlflowClient(uri)
+    mlflow_run = client.create_run(client.create_experiment("kills")).info.run_id
+    config = tiny_config(
+        tmp_path / "killed",
+        starter_model_dir,
+        steps=6,
+        checkpoint_interval=2,
+        mlflow={"tracking_uri": uri, "run_id": mlflow_run},
+    )
+    config_path = save_config(config, tmp_path / "train.json")
+    wrapper = tmp_path / "kill_at.py"
+    wrapper.write_text(KILL_AT_WRAPPER)
+    # when it is killed after checkpoint 2's marker moved (step 2's row not yet appended), then after
+    # checkpoint 4's directory was renamed but before its marker (step 3 already logged, so redone),
+    # then inside step 5's optimizer step, and each time started again,
+    plan = [("marker:2", 2, [1]), ("rename:4", 2, [1, 2, 3]), ("update:5", 4, [1, 2, 3, 4])]
+    for kill_at, marker, logged in plan:
+        proc = launch([sys.executable, str(wrapper), kill_at, "--config", str(config_path)])
+        output = proc.communicate(timeout=600)[0]
+        assert proc.returncode == -signal.SIGKILL and f"KILLED {kill_at}" in output, output[-3000:]
+        # then the marker names only what was complete, and no step is in metrics.jsonl twice,
+        assert checkpoints.read_marker(config.checkpoint_dir) == marker, f"after the kill at {kill_at}"
+        assert jsonl_steps(config) == logged, f"metrics.jsonl after the kill at {kill_at}"
+    final = launch([sys.executable, str(wrapper), "none:0", "--config", str(config_path)])
+    output = final.communicate(timeout=600)[0]
+    assert final.returncode == 0 and "resumed from step 4" in output, output[-3000:]
+    # and in the end every step's row is in metrics.jsonl once, in order (step 2's replayed from its
+    # checkpoint, step 3's first row kept when it was redone),
+    assert jsonl_steps(config) == [1, 2, 3, 4, 5, 6]
+    # and MLflow holds every metric of every step exactly once.
+    rows = [json.loads(line) for line in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
+    for key in ("train/reward_mean", "train/policy_loss", "train/step_seconds"):
+        steps = sorted(m.step for m in client.get_metric_history(mlflow_run, key))
+        assert steps == [1, 2, 3, 4, 5, 6], f"MLflow history of {key}: steps {steps}"
+        values = {m.step: m.value for m in client.get_metric_history(mlflow_run, key)}
+        assert values == {row["step"]: row[key] for row in rows}, f"MLflow and metrics.jsonl agree on {key}"
+
+
+# --------------------------------------------------------------------------------------
 # (b) Disk full / read-only data root at checkpoint time (the OS error is simulated)
 # --------------------------------------------------------------------------------------
 
@@ -262,11 +364,11 @@ def test_checkpoint_write_failing_with_simulated_os_error_is_clear_keeps_the_pre
 
 
 # --------------------------------------------------------------------------------------
-# (c) The Prefect process killed while training runs; the flow run re-run re-attaches
+# (c) The flow process killed while its Ray job trains; the crashed flow run retried
 # (d) The Ray head gone when a stage starts
 # --------------------------------------------------------------------------------------
 
-FOUR_STEPS = MINIATURE_TRAINING | {"steps": 4}  # long enough to be caught mid-run
+FOUR_STEPS = MINIATURE_TRAINING | {"steps": 4}
 FLOW_SCRIPT = textwrap.dedent(
     """
     import json, sys
@@ -287,6 +389,18 @@ def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.5):
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
+def training_processes(run_root: Path) -> list:
+    """The local trainer processes of the run under ``run_root`` (what a kill test kills)."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if "mazerl.training.local_entry" in cmdline and str(run_root) in cmdline:
+            found.append(process)
+    return found
+
+
 def ray_jobs(head, pipeline_run: str | None = None, stage: str | None = None) -> list:
     from ray.job_submission import JobSubmissionClient
 
@@ -299,22 +413,11 @@ def ray_jobs(head, pipeline_run: str | None = None, stage: str | None = None) ->
     ]
 
 
-def training_processes(run_root: Path) -> list:
-    import psutil
-
-    found = []
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        cmdline = " ".join(process.info["cmdline"] or [])
-        if "mazerl.training.local_entry" in cmdline and str(run_root) in cmdline:
-            found.append(process)
-    return found
-
-
-def test_prefect_process_killed_while_training_then_the_flow_run_rerun_reattaches_to_the_same_job(
+def test_flow_process_killed_while_its_ray_job_trains_then_the_retried_flow_run_resumes_and_logs_each_step_once(
     prefect_api, local_ray_head, mlflow_root, starter_model_dir, tmp_path
 ):
+    from mlflow.tracking import MlflowClient
     from prefect.client.orchestration import get_client
-    from prefect.states import Crashed
 
     params = {
         "base_model": str(starter_model_dir),
@@ -324,7 +427,7 @@ def test_prefect_process_killed_while_training_then_the_flow_run_rerun_reattache
         "max_eval_mazes": 2,
         "eval_workers": 1,
         "gif_count": 0,
-        "training": FOUR_STEPS,
+        "training": MINIATURE_TRAINING | {"steps": 6, "checkpoint_interval": 2},  # steps 3-6 still to train
     }
     env = os.environ | {
         "PREFECT_API_URL": prefect_api["url"],
@@ -336,85 +439,74 @@ def test_prefect_process_killed_while_training_then_the_flow_run_rerun_reattache
     script = tmp_path / "flow.py"
     script.write_text(FLOW_SCRIPT)
     first_log, retry_log = tmp_path / "first.log", tmp_path / "retry.log"
-    stopped: list = []
     processes: list[subprocess.Popen] = []
-    try:
-        # Given a pipeline flow run in its own process, with its training job running on the local head,
-        with open(first_log, "w") as out:
-            first = subprocess.Popen(
-                [sys.executable, str(script), json.dumps(params)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=PROJECT,
-                start_new_session=True,
+
+    def start(command: list[str], log: Path) -> subprocess.Popen:
+        with open(log, "w") as out:
+            process = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=PROJECT, start_new_session=True
             )
-        processes.append(first)
+        processes.append(process)
+        return process
+
+    try:
+        # Given a pipeline flow run in its own process, its training job running on the Ray head,
+        first = start([sys.executable, str(script), json.dumps(params)], first_log)
         markers = lambda: list(mlflow_root.glob(f"runs/*/checkpoints/{checkpoints.MARKER}"))  # noqa: E731
         wait_for(lambda: markers() or first.poll() is not None, 600, "the first training checkpoint")
         assert first.poll() is None, f"the flow process ended early:\n{first_log.read_text()[-3000:]}"
         # (the session's head also holds finished jobs of other tests: look at the running ones)
-        trains = ray_jobs(local_ray_head, stage="train")
-        running = [job for job in trains if job.status == "RUNNING"]
-        assert len(running) == 1, [(j.submission_id, j.status) for j in trains]
+        running = [job for job in ray_jobs(local_ray_head, stage="train") if job.status == "RUNNING"]
+        assert len(running) == 1, [(j.submission_id, j.status) for j in running]
         flow_run_id = running[0].metadata["mazerl_pipeline_run"]
-        # (the job is paused while the orchestrator is away, so it is certainly still running on re-attach)
-        stopped = training_processes(mlflow_root)
-        assert stopped, "the training job's process runs on this machine"
-        for process in stopped:
-            process.suspend()
-        # when the Prefect process is killed outright, the server marks the run crashed (as its
-        # heartbeat check would), and the same flow run is re-run with `prefect flow-run retry`,
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait(timeout=30)
+        assert checkpoints.read_marker(markers()[0].parent) < 6, "killed while steps are left to train"
+        # when the flow process is killed (SIGTERM, as `kill`, a Kubernetes eviction or Ctrl-C send it),
+        os.kill(first.pid, signal.SIGTERM)
+        first.wait(timeout=120)
+        # then Prefect itself records the flow run as crashed, and the killed run's job is stopped with it,
         with get_client(sync_client=True) as client:
-            client.set_flow_run_state(flow_run_id, Crashed(message="flow process killed (test)"), force=True)
-        with open(retry_log, "w") as out:
-            retry = subprocess.Popen(
-                [
-                    str(Path(sys.executable).parent / "prefect"),
-                    "flow-run",
-                    "retry",
-                    flow_run_id,
-                    "--entrypoint",
-                    "flows/pipeline.py:pipeline",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=PROJECT,
-                start_new_session=True,
-            )
-        processes.append(retry)
+            state = client.read_flow_run(flow_run_id).state
+        assert state.is_crashed(), f"{state.type}: {state.message}\n{first_log.read_text()[-3000:]}"
         wait_for(
-            lambda: "re-attached to RUNNING Ray job" in retry_log.read_text() or retry.poll() is not None,
-            300,
-            "the re-run to reach the train stage",
+            lambda: (
+                ray_jobs(local_ray_head, pipeline_run=flow_run_id, stage="train")[0].status in ("STOPPED", "FAILED")
+            ),
+            60,
+            "the killed run's training job to stop",
         )
-        for process in stopped:
-            process.resume()
-        stopped = []
+        # and when the crashed flow run is retried (prefect flow-run retry), it completes:
+        retry = start(
+            [
+                str(Path(sys.executable).parent / "prefect"),
+                *("flow-run", "retry", flow_run_id, "--entrypoint", "flows/pipeline.py:pipeline"),
+            ],
+            retry_log,
+        )
         retry.wait(timeout=900)
         output = retry_log.read_text()
         assert retry.returncode == 0, output[-4000:]
     finally:
-        for process in stopped:
-            process.resume()
         for process in processes:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
 
-    # then it re-attached to the still-running job instead of submitting a second one,
-    assert f"re-attached to RUNNING Ray job mazerl-{flow_run_id}-train-a1" in output, output[-4000:]
-    trains = ray_jobs(local_ray_head, pipeline_run=flow_run_id, stage="train")
-    assert [(j.submission_id, j.status) for j in trains] == [(f"mazerl-{flow_run_id}-train-a1", "SUCCEEDED")]
-    baselines = ray_jobs(local_ray_head, pipeline_run=flow_run_id, stage="baseline")
-    assert len(baselines) == 1, "the finished baseline eval was not run again"
-    # and the flow run continued to the end, every step trained exactly once.
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(flow_run_id).state.is_completed()
+    # the finished stages were not run again, the training resumed from its checkpoint in a new job,
+    assert len(ray_jobs(local_ray_head, pipeline_run=flow_run_id, stage="baseline")) == 1, "baseline not rerun"
+    trains = sorted(ray_jobs(local_ray_head, pipeline_run=flow_run_id, stage="train"), key=lambda j: j.start_time)
+    assert [job.status for job in trains][-1] == "SUCCEEDED" and len(trains) == 2, [j.status for j in trains]
+    assert "resumed from step" in output, output[-4000:]
+    # and every step's metrics landed exactly once, in metrics.jsonl and in MLflow.
     metrics = next(mlflow_root.glob("runs/*/metrics.jsonl"))
-    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2, 3, 4]
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
+    uri = f"sqlite:///{mlflow_root / 'mlflow.db'}"
+    train_runs = MlflowClient(uri).search_runs(
+        [e.experiment_id for e in MlflowClient(uri).search_experiments()], "attributes.run_name = 'train'"
+    )
+    (train_run,) = train_runs  # a fresh MLflow store: this pipeline run's only train run
+    history = MlflowClient(uri).get_metric_history(train_run.info.run_id, "train/reward_mean")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4, 5, 6]
 
 
 def test_ray_head_gone_when_the_train_stage_starts_is_a_retryable_error_naming_the_address(
@@ -469,4 +561,4 @@ def test_ray_head_gone_when_the_train_stage_starts_is_a_retryable_error_naming_t
     assert outcome["retried"] is True, "train's retry condition retries infrastructure failures"
     from mlflow.tracking import MlflowClient
 
-    assert MlflowClient(uri).get_run(runs.stage_run_ids["train"]).info.status == "FAILED"
+    assert MlflowClient(uri).get_run(runs.run_id("train")).info.status == "FAILED"

@@ -6,6 +6,7 @@ No AWS account is reachable from here: every test is mocked, and says so in its 
 from __future__ import annotations
 
 import datetime
+import socket
 
 import boto3
 import pytest
@@ -15,6 +16,7 @@ from moto.core import DEFAULT_ACCOUNT_ID
 from moto.sagemaker.models import sagemaker_backends
 
 from mazerl.cluster.hyperpod import HyperPodAccessError, HyperPodClusterNotFound, check_hyperpod
+from mazerl.cluster.report import ClusterNotReadyError
 
 REGION = "us-east-1"
 
@@ -152,14 +154,21 @@ def test_api_errors_say_what_to_fix_mocked_aws_with_stubber(code, error, says):
         check_hyperpod("mazerl-hp", client=client)
 
 
-def test_missing_credentials_are_named_without_network(monkeypatch, tmp_path):
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+def test_missing_credentials_are_named_without_network(no_aws_identity):
     with pytest.raises(HyperPodAccessError, match="no AWS credentials"):
         check_hyperpod("mazerl-hp", region=REGION)
+
+
+def test_aws_region_alone_gives_the_region_boto3_itself_would_not_read(monkeypatch, tmp_path):
+    # given a pod with only AWS_REGION set (as EKS Pod Identity setups and our manifests do),
+    from mazerl.cluster.hyperpod import sagemaker_client
+
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    assert boto3.Session().region_name is None, "boto3 alone ignores AWS_REGION"
+    # when the HyperPod client is built, then it uses that region.
+    assert sagemaker_client().meta.region_name == "eu-west-1"
 
 
 def test_missing_region_is_named(monkeypatch, tmp_path):
@@ -168,3 +177,55 @@ def test_missing_region_is_named(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     with pytest.raises(HyperPodAccessError, match="AWS_REGION"):
         check_hyperpod("mazerl-hp")
+
+
+# --- inside verify_cluster: advisory when the API cannot be asked, blocking when it answers badly ---
+
+
+def hyperpod_rows_of(**verify_kwargs):
+    from mazerl.cluster.verify import verify_cluster
+
+    with socket.socket() as probe:  # a closed port: the Ray rows fail fast, the HyperPod rows still run
+        probe.bind(("127.0.0.1", 0))
+        address = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    return verify_cluster(address, data_root="/shared", hyperpod_cluster="mazerl-hp", **verify_kwargs)
+
+
+@pytest.mark.parametrize("missing", ["identity", "region"])
+def test_a_flow_pod_without_iam_identity_or_region_gets_an_advisory_row_not_a_stop(
+    no_aws_identity, monkeypatch, missing
+):
+    if missing == "region":
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+            monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv("AWS_REGION", REGION)
+    report = hyperpod_rows_of()
+    (row,) = [r for r in report.rows if r.name.startswith("hyperpod.")]
+    assert row.advisory and not row.ok, row
+    assert ("no AWS credentials" if missing == "identity" else "AWS_REGION") in row.found, row.found
+    assert "Pod Identity" in row.found and "sagemaker:ListClusterNodes" in row.found, "the message says the fix"
+    assert row in report.warnings and row not in report.failures, "an optional check never stops the run"
+    assert "hyperpod.cluster" not in str(ClusterNotReadyError(report)), "the not-ready message leaves it out"
+
+
+def test_a_missing_permission_is_advisory_mocked_aws_with_stubber():
+    client, stubber = stubbed_client()
+    stubber.add_client_error(
+        "describe_cluster", service_error_code="AccessDeniedException", service_message="not authorized"
+    )
+    with stubber:
+        report = hyperpod_rows_of(sagemaker_client=client)
+    (row,) = [r for r in report.rows if r.name.startswith("hyperpod.")]
+    assert row.advisory and "sagemaker:DescribeCluster" in row.found
+
+
+def test_a_failed_node_still_stops_the_run_mocked_aws(moto_cluster):
+    node = sagemaker_backends[DEFAULT_ACCOUNT_ID][REGION].clusters["mazerl-hp"].nodes["gpu-1"]
+    node.status = "Failure"
+    report = hyperpod_rows_of(sagemaker_client=moto_cluster)
+    rows = {r.name: r for r in report.rows}
+    assert not rows["hyperpod.nodes"].ok and not rows["hyperpod.nodes"].advisory
+    assert rows["hyperpod.nodes"] in report.failures, "HyperPod's answer that a node failed is a real finding"

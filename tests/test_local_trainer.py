@@ -39,9 +39,20 @@ def adapter_tensors(config, step=None):
     return load_file(str(path / checkpoints.ADAPTER_SUBDIR / "adapter_model.safetensors"))
 
 
+class MetricsSink:
+    def __init__(self):
+        self.rows = []
+
+    def log(self, step, metrics):
+        self.rows.append(metrics)
+
+
 def test_training_changes_the_adapter_and_checkpoints_every_step(tmp_path, starter_model_dir):
-    config = tiny_config(tmp_path, starter_model_dir, steps=2)
-    result = LocalGRPOTrainer(config, log=lambda _: None).run()
+    config = tiny_config(tmp_path, starter_model_dir, steps=2, grpo={"update_epochs": 1})
+    sink = MetricsSink()
+    result = LocalGRPOTrainer(config, log=lambda _: None).run(metrics_sink=sink)
+    # one optimizer step per batch: the probability ratio is 1, nothing can clip, so no clip_fraction
+    assert all("train/clip_fraction" not in row for row in sink.rows), [sorted(row) for row in sink.rows]
     assert (result.start_step, result.final_step, result.steps_run) == (0, 2, 2)
     assert checkpoints.read_marker(config.checkpoint_dir) == 2
     state = checkpoints.load_trainer_state(checkpoints.latest(config.checkpoint_dir))
@@ -179,6 +190,7 @@ def test_mini_batches_take_one_optimizer_step_each_and_score_old_log_probs_first
         scored = step_calls.index(True)
         assert scored >= 2 and not any(step_calls[:scored]) and all(step_calls[scored:]), step_calls
         assert metrics["train/grad_norm"] > 0
+        assert 0 <= metrics["train/clip_fraction"] <= 1, "several optimizer steps per batch: the clip can bite"
 
 
 def test_mini_batch_mazes_must_divide_mazes_per_step(tmp_path, starter_model_dir):

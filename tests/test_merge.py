@@ -17,6 +17,9 @@ from mazerl.tracking import merge
 from mazerl.tracking.merge import MergeError, merge_adapter, merge_lora
 from mazerl.training import checkpoints
 
+# The PEFT merge and transformers' save/load, on the versions the image ships too (`make test-image-stack`).
+pytestmark = pytest.mark.image_stack
+
 TARGETS = r".*language_model.*\.(q_proj|v_proj|down_proj)"  # the trainer's pattern, three module kinds
 QUIET = {"log": lambda _: None}
 
@@ -176,6 +179,24 @@ def test_adapter_of_another_base_model_is_refused(starter_model_dir, trained, tm
     assert not (tmp_path / "out").exists()
 
 
+def test_skyrl_checkpoint_is_checked_against_the_base_model_record_beside_it(starter_model_dir, trained, tmp_path):
+    # given a checkpoint in SkyRL's shape (trainer_state.pt holds no fingerprint) and the record
+    # skyrl_entry keeps beside the checkpoints, naming another base model,
+    adapter = checkpoints.latest(trained).adapter_dir
+
+    def write(path: Path) -> None:
+        shutil.copytree(adapter, path / checkpoints.ADAPTER_SUBDIR)
+        checkpoints.save_trainer_state(path, {"global_step": 4, "config": {"trainer": {}}})
+
+    root = tmp_path / "skyrl-checkpoints"
+    checkpoints.save(root, 4, write, keep=2)
+    (root / checkpoints.BASE_MODEL_RECORD).write_text(json.dumps({"fingerprint": "e" * 64, "base_model": "/x"}))
+    # when it is merged into the starter, then the merge refuses it before loading anything.
+    with pytest.raises(MergeError, match=r"\(checkpoint step 4\) was trained on a base model with fingerprint eeee"):
+        merge_lora(starter_model_dir, root, tmp_path / "out", **QUIET)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
@@ -251,3 +272,105 @@ def test_merge_saved_in_bfloat16_reloads_within_its_rounding(starter_model_dir, 
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
     assert report.save_dtype == "bfloat16" and report.proof_dtype == "float32"
     assert 0 < report.reload_max_abs_diff <= report.reload_tolerance, "bf16 rounding is visible but bounded"
+
+
+# --- the checkpoint's dtype, and the memory preflight ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bf16_base(starter_model_dir, tmp_path_factory) -> Path:
+    """The reduced starter stored in bfloat16, as Qwen3-VL releases are (its other files copied verbatim)."""
+    out = tmp_path_factory.mktemp("bf16-base") / "model"
+    out.mkdir()
+    for path in starter_model_dir.iterdir():
+        if path.is_file() and not path.name.endswith(".safetensors") and path.name != "config.json":
+            shutil.copy2(path, out / path.name)
+    load_policy(starter_model_dir, device="cpu", dtype=torch.bfloat16).model.save_pretrained(out)
+    return out
+
+
+def test_bf16_checkpoint_is_merged_and_proved_in_bf16_and_stays_bf16(bf16_base, tmp_path):
+    # given a bfloat16 base model and a LoRA adapter on it,
+    adapter = make_adapter(bf16_base, tmp_path / "adapter", scale=0.5)
+    # when it is merged with the defaults,
+    report = merge_adapter(bf16_base, adapter, tmp_path / "out", **QUIET)
+    # then it was loaded, merged and proved in bfloat16 (one bf16 copy in memory, not a float32 one),
+    assert (report.proof_dtype, report.save_dtype) == ("bfloat16", "bfloat16")
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), framework="pt") as handle:
+        assert {handle.get_slice(key).get_dtype() for key in handle.keys()} == {"BF16"}  # noqa: SIM118
+    # the weights moved exactly where LoRA applies,
+    base, after = (
+        load_file(str(bf16_base / "model.safetensors")),
+        load_file(str(tmp_path / "out" / "model.safetensors")),
+    )
+    changed = {key for key in base if not torch.equal(base[key], after[key])}
+    assert changed == adapted_weight_keys(adapter) and report.changed_tensors == len(changed) == 12
+    # the merged logits match base + adapter within bf16's tolerance, and the saved directory reloads to them.
+    assert report.logits_max_abs_diff <= report.logits_tolerance and report.reload_max_abs_diff == 0.0
+    assert report.adapter_effect > report.logits_tolerance, "the adapter's effect is far above bf16 rounding"
+    with_adapter = load_policy(bf16_base, adapter_dir=adapter, device="cpu", dtype=torch.bfloat16)
+    reloaded = load_policy(tmp_path / "out", device="cpu", dtype=torch.bfloat16)
+    inputs = model_inputs(with_adapter.processor, *merge.probe_contexts(with_adapter.processor))
+    reference = merge.probe_logits(with_adapter.model, inputs)
+    difference = float((merge.probe_logits(reloaded.model, inputs) - reference).abs().max())
+    assert difference <= report.logits_tolerance, f"reloaded bf16 logits differ by {difference}"
+
+
+def test_merge_that_would_not_fit_in_memory_is_refused_with_the_numbers_before_loading(
+    starter_model_dir, trained, tmp_path, monkeypatch
+):
+    from mazerl.tracking.merge_memory import GIB, MergeMemoryError
+
+    def no_loading(*_args, **_kwargs):
+        raise AssertionError("the base model must not be loaded before the memory check")
+
+    monkeypatch.setattr("mazerl.policy.loader.load_policy", no_loading)
+    # given a machine with 1.5 GiB free (a flow-run pod's share, say),
+    with pytest.raises(MergeMemoryError) as caught:
+        merge_lora(starter_model_dir, trained, tmp_path / "out", available_memory=(int(1.5 * GIB), "test"), **QUIET)
+    # then the merge says what it needs, what there is, and where to run it.
+    message = str(caught.value)
+    assert "needs about 2.0 GiB" in message and "has 1.5 GiB available (test)" in message, message
+    assert "Ray job" in message and not (tmp_path / "out").exists()
+
+
+def test_memory_need_of_an_8b_bf16_model_fits_the_head_not_the_flow_pod():
+    from mazerl.tracking.merge_memory import GIB, MergeMemoryError, check_merge_memory, merge_memory
+
+    need = merge_memory(int(16.3 * GIB))  # Qwen3-VL-8B in bfloat16
+    assert 22 * GIB < need.total_bytes < 24 * GIB, need.describe()
+    check_merge_memory(need, (420 * GIB, "the Ray head's pod"))
+    with pytest.raises(MergeMemoryError, match="has 8.0 GiB available"):
+        check_merge_memory(need, (8 * GIB, "the flow-run pod"))
+
+
+@pytest.mark.parametrize(
+    ("request_text", "says"),
+    [
+        ("{not json", "cannot use merge request"),
+        ('{"base_model": "/m"}', "lacks checkpoints_dir, out_dir, probe_eval_set"),
+    ],
+)
+def test_merge_entry_refuses_an_unusable_request_with_exit_2(tmp_path, capsys, request_text, says):
+    from mazerl.tracking.merge_entry import EXIT_CONFIG_ERROR, main
+
+    path = tmp_path / "merge_request.json"
+    path.write_text(request_text)
+    assert main(["--config", str(path)]) == EXIT_CONFIG_ERROR
+    assert says in capsys.readouterr().out
+
+
+def test_merge_entry_with_no_checkpoint_is_exit_2_not_a_retry(starter_model_dir, tmp_path, capsys):
+    from mazerl.tracking.merge_entry import EXIT_CONFIG_ERROR, main
+
+    request = {
+        "base_model": str(starter_model_dir),
+        "checkpoints_dir": str(tmp_path / "no-checkpoints"),
+        "out_dir": str(tmp_path / "merged"),
+        "probe_eval_set": "maze256-small-v1",
+        "mlflow_model_dir": str(tmp_path / "mlflow_model"),
+        "max_artifact_mb": 512,
+    }
+    (tmp_path / "merge_request.json").write_text(json.dumps(request))
+    assert main(["--config", str(tmp_path / "merge_request.json")]) == EXIT_CONFIG_ERROR
+    assert "the train stage wrote no checkpoint" in capsys.readouterr().out

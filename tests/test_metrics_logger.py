@@ -104,3 +104,25 @@ def test_sqlite_store_receives_batched_metrics(tmp_path):
         logger.log(step, {"train/policy_loss": step * 0.5, "train/step_seconds": 1.0})
     logger.close()
     assert [m.value for m in client.get_metric_history(run_id, "train/policy_loss")] == [0.5, 1.0, 1.5]
+
+
+def test_a_reopened_record_logs_each_step_once_and_sends_mlflow_what_it_lacks(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("e")).info.run_id
+    path = tmp_path / "metrics.jsonl"
+    first = MetricsLogger(uri, run_id, path)
+    first.log(1, {"train/reward_mean": 0.1})
+    first.log(2, {"train/reward_mean": 0.2})
+    # Given a job killed after step 3's row reached the file but before MLflow got it, mid-way through step 4's row,
+    with open(path, "a") as handle:
+        handle.write(json.dumps({"step": 3, "time_ms": 3, "train/reward_mean": 0.3}) + "\n" + '{"step": 4, "tra')
+    # when the resumed job opens the record again, redoes step 2 and logs step 4,
+    again = MetricsLogger(uri, run_id, path)
+    assert again.log(2, {"train/reward_mean": 0.25}) is False, "a redone step keeps its first row"
+    assert again.log(4, {"train/reward_mean": 0.4}) is True
+    again.close()
+    # then the file holds each step once (the torn line dropped), and MLflow each step once, step 3 included.
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4]
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "train/reward_mean"))
+    assert history == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]

@@ -48,20 +48,49 @@ def stage_runs(tracking_uri, parent_run_id):
     return {run.info.run_name: run for run in children}
 
 
+@pytest.fixture(scope="module")
+def full_run(prefect_api, local_ray_head, starter_model_dir, _mlflow_template_db, tmp_path_factory):
+    """One miniature pipeline run for the module: (data root, summary). The browser test reads its store."""
+    from flows.pipeline import pipeline
+
+    root = tmp_path_factory.mktemp("full-run") / "mazerl-home"
+    root.mkdir()
+    shutil.copy(_mlflow_template_db, root / "mlflow.db")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_AUTH_TOKEN_PATH", str(local_ray_head.token_path))
+        summary = pipeline(mini_params(root, starter_model_dir, local_ray_head.address))
+    return root, summary
+
+
 def test_full_flow_leaves_runs_metrics_artifacts_registry_and_prefect_artifacts(
-    prefect_api, ray_token, mlflow_root, starter_model_dir, local_ray_address
+    full_run, starter_model_dir, local_ray_head
 ):
     from prefect.client.orchestration import get_client
 
-    from flows.pipeline import pipeline
-
-    summary = pipeline(mini_params(mlflow_root, starter_model_dir, local_ray_address))
+    mlflow_root, summary = full_run
     uri = summary.tracking_uri
     client = MlflowClient(uri)
-    assert client.get_run(summary.mlflow_run_id).info.status == "FINISHED"
+    parent = client.get_run(summary.mlflow_run_id)
+    assert parent.info.status == "FINISHED"
+    assert parent.info.run_name == summary.run_id, "the parent is named by the readable run id"
     runs = stage_runs(uri, summary.mlflow_run_id)
     assert set(runs) == set(STAGES)
     assert all(run.info.status == "FINISHED" for run in runs.values()), {n: r.info.status for n, r in runs.items()}
+    # each stage run spans its own stage, in pipeline order, inside the parent's span
+    spans = [(runs[stage].info.start_time, runs[stage].info.end_time) for stage in STAGES]
+    assert parent.info.start_time <= spans[0][0] and spans[-1][1] <= parent.info.end_time
+    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+        assert end <= start, f"stage spans overlap: {spans}"
+    # the parent shows the headline numbers and what the run really used
+    assert parent.data.metrics == pytest.approx(summary.headline_metrics())
+    params = parent.data.params
+    assert params["base_model"] == str(starter_model_dir) and len(params["base_model.fingerprint"]) == 64
+    assert params["eval_set"] == "maze256-small-v1" and len(params["eval_set.sha256"]) == 64
+    assert params["training.recipe"] == "defaults" and params["training.steps"] == "2"
+    assert params["training.lora.rank"] == "4" and params["training.learning_rate"] != "None"
+    assert "training" not in params and "None" not in (params["base_model"], params["eval_set"])
+    assert summary.mlflow_url.endswith(f"/runs/{summary.mlflow_run_id}?workflowType=machine_learning")
+    assert summary.mlflow_url in summary.text()
     train_metrics = set(runs["train"].data.metrics)
     for name in ("reward_mean", "success_rate", "response_tokens", "policy_loss", "grad_norm", "step_seconds"):
         assert f"train/{name}" in train_metrics, f"train/{name} missing from {sorted(train_metrics)}"
@@ -73,6 +102,19 @@ def test_full_flow_leaves_runs_metrics_artifacts_registry_and_prefect_artifacts(
     assert any(a.path == "config" for a in client.list_artifacts(runs["train"].info.run_id))
     assert {a.path for a in client.list_artifacts(runs["merge_lora"].info.run_id)} >= {"merged_model"}
     assert any(a.path == "learning_curve" for a in client.list_artifacts(summary.mlflow_run_id))
+    # the merge ran as a Ray job that asked Ray for the memory of a whole model copy, not in this process
+    from ray.job_submission import JobSubmissionClient
+
+    jobs = JobSubmissionClient(local_ray_head.address, headers=local_ray_head.auth_headers()).list_jobs()
+    flow_run_id = client.get_run(summary.mlflow_run_id).data.tags["prefect.flow_run_id"]
+    merges = [
+        j
+        for j in jobs
+        if (j.metadata or {}).get("mazerl_pipeline_run") == flow_run_id
+        and (j.metadata or {}).get("mazerl_stage") == "merge_lora"
+    ]
+    assert [str(j.status) for j in merges] == ["SUCCEEDED"], merges
+    assert int(merges[0].metadata["mazerl_entrypoint_memory"]) >= 2 * 1024**3, "a whole model copy's memory"
     versions = client.search_model_versions("name = 'maze-vlm'")
     assert [v.run_id for v in versions] == [runs["merge_lora"].info.run_id]
     assert checkpoints.read_marker(mlflow_root / "runs" / summary.run_id / "checkpoints") == 2
@@ -93,6 +135,14 @@ def test_full_flow_leaves_runs_metrics_artifacts_registry_and_prefect_artifacts(
         "train-progress",
         "verify-cluster",
     } <= keys
+
+
+def test_mlflow_ui_in_a_browser_shows_headline_metrics_stage_durations_and_gifs(full_run, tmp_path):
+    """Headless Chromium against ``mlflow ui`` on the run's store (tests/mlflow_browser.py)."""
+    from mlflow_browser import check_pipeline_run_pages
+
+    mlflow_root, summary = full_run
+    check_pipeline_run_pages(mlflow_root, summary, tmp_path, os.environ.get("MAZERL_SCREENSHOTS"))
 
 
 def flow_run_record(flow_run_id):

@@ -9,6 +9,9 @@ import torch
 from envs.maze import MazeEnv
 from mazerl.policy.loader import ModelLoadError, load_policy, load_processor
 
+# Transformers' loading and the PEFT adapter checks, on the versions the image ships too (`make test-image-stack`).
+pytestmark = pytest.mark.image_stack
+
 
 @pytest.fixture(scope="module")
 def policy(starter_model_dir):

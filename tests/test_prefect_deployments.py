@@ -14,6 +14,7 @@ from mazerl.params import PipelineParams
 PREFECT_YAML = Path(__file__).parents[1] / "prefect.yaml"
 PLACEHOLDER = re.compile(r"\{\{\s*\$(\w+)\s*\}\}")
 FAKE_ENV = {
+    "AWS_REGION": "us-west-2",
     "MLFLOW_TRACKING_URI": "http://mlflow.mazerl.svc.cluster.local:5000",
     "HYPERPOD_CLUSTER_NAME": "ml-cluster",
     "MAZERL_IMAGE": "123456789012.dkr.ecr.us-west-2.amazonaws.com/mazerl:0.1.0",
@@ -56,6 +57,8 @@ def test_entrypoint_is_a_flow_and_parameters_validate(deployment):
         gpus = config.skyrl.num_gpus * config.skyrl.num_nodes
         episodes = config.mazes_per_step * config.grpo.samples_per_maze
         assert episodes % gpus == 0, f"{episodes} episodes per step must split over {gpus} GPUs"
+        assert params.eval_engine == "vllm" and params.resolved_eval_gpus() == 1, "8B evals run on GPU actors"
+        assert params.eval_workers * params.resolved_eval_gpus() <= gpus, "all eval workers fit on the GPU nodes"
 
 
 @pytest.mark.parametrize("deployment", deployments(), ids=lambda d: d["name"])

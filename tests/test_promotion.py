@@ -15,20 +15,21 @@ def uri(mlflow_root):
 
 
 def merged_model_source(uri, tmp_path) -> tuple[str, str]:
-    """A pipeline run whose merge_lora run logged a (tiny stand-in) model directory."""
+    """A pipeline run whose merge_lora run logged a (tiny stand-in) model directory as its artifact.
+
+    Promotion only needs a source URI; tests/test_tracking_mlflow_model.py logs real models."""
     run_id = lineage.start_pipeline_run(uri).run_id("merge_lora")
     model = tmp_path / f"merged-{run_id}"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    logged = lineage.log_merged_model(uri, run_id, model)
-    return logged.source, run_id
+    lineage.log_dir_artifacts(uri, run_id, model, "merged_model")
+    return lineage.artifact_uri(uri, run_id, "merged_model"), run_id
 
 
 def champion_version(uri, name="maze-vlm"):
-    try:
-        return str(MlflowClient(uri).get_model_version_by_alias(name, CHAMPION).version)
-    except Exception:
-        return None
+    """The version the champion alias points at, None when it points nowhere (any MLflow error is raised)."""
+    aliases = MlflowClient(uri).get_registered_model(name).aliases  # {alias: version}
+    return str(aliases[CHAMPION]) if CHAMPION in aliases else None
 
 
 def test_first_run_that_beats_its_baseline_becomes_champion(uri, tmp_path):

@@ -4,7 +4,17 @@ import numpy as np
 from PIL import Image
 
 from envs.maze import Layout, MazeEnv, solve
-from envs.render import AGENT_RGB, PATH_RGB, TARGET_RGB, WALL_RGB, episode_gif, image_from_data_uri, png_data_uri
+from envs.render import (
+    AGENT_RGB,
+    CAPTION_PX,
+    PATH_RGB,
+    TARGET_RGB,
+    WALL_RGB,
+    episode_caption,
+    episode_gif,
+    image_from_data_uri,
+    png_data_uri,
+)
 
 
 def centre(frame, cell, cell_px):
@@ -88,17 +98,39 @@ def test_png_data_uri_round_trips():
     assert np.array_equal(np.asarray(image_from_data_uri(uri)), frame)
 
 
-def test_episode_gif_has_one_frame_per_step(tmp_path):
+def solved_episode_frames() -> list[np.ndarray]:
+    """The frames of maze 0 (7x7, 16 px) played along its shortest path."""
     layout = Layout.generate(0, 7)
     env = MazeEnv(size=7, cell_px=16, max_moves=50)
-    frames = [env.reset(layout=layout)[0]]
-    for text in solve(layout):
-        frames.append(env.step(text)[0])
+    return [env.reset(layout=layout)[0]] + [env.step(text)[0] for text in solve(layout)]
+
+
+def test_episode_gif_has_one_frame_per_step(tmp_path):
+    frames = solved_episode_frames()
     path = episode_gif(frames, tmp_path / "ep" / "episode.gif")
     with Image.open(path) as gif:
         # GIF writers merge identical consecutive frames (the final stop changes nothing).
         changes = 1 + sum(not np.array_equal(a, b) for a, b in zip(frames, frames[1:], strict=False))
         assert gif.n_frames == changes
         gif.seek(0)
-        assert np.array_equal(np.asarray(gif.convert("RGB")), frames[0])
+        assert np.array_equal(np.asarray(gif.convert("RGB"))[::3, ::3], frames[0]), "frame 0, scaled up by 3"
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_episode_gif_is_scaled_up_with_its_caption_under_the_maze(tmp_path):
+    # given a 7x7 maze at 16 px (112 px frames) and a solved episode
+    frames = solved_episode_frames()
+    caption = episode_caption(True, len(frames) - 1)
+    assert caption == f"solved in {len(frames) - 1} moves" and episode_caption(False, 1) == "failed after 1 move"
+    # when it is written with its caption
+    path = episode_gif(frames, tmp_path / "episode.gif", caption=caption)
+    with Image.open(path) as gif:
+        gif.seek(0)
+        image = np.asarray(gif.convert("RGB"))
+    # then each cell is scaled up by a whole factor (nearest neighbour: still flat colours)
+    assert image.shape == (112 * 3 + CAPTION_PX, 112 * 3, 3), image.shape
+    assert np.array_equal(image[: 112 * 3 : 3, ::3], frames[0]), "scaled by 3 with nearest-neighbour sampling"
+    # and the caption band under the maze holds dark text on white
+    band = image[112 * 3 :]
+    assert (band < 100).all(axis=-1).sum() > 50, "the caption is drawn"
+    assert (band == 255).all(axis=-1).mean() > 0.5, "on a white band"

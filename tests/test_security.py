@@ -1,10 +1,13 @@
-"""Security: no secret in any output of a pipeline run, servers on loopback only, no remote code, no unsafe unpickling.
+"""Security: no secret in any output of a pipeline run or in any job's environment, servers on loopback
+only (the pipeline's and ``mazerl eval``'s), no token where others can read it, no remote code, no
+unsafe unpickling.
 
-The pipeline test runs the miniature flow of tests/test_pipeline_flow.py on a Ray head of its own
-whose environment (inherited by every Ray job) holds fake credentials, as does this process, and
-greps everything the run leaves: the data root (MLflow's SQLite file, its artifact store, the run
-directory), the Prefect database, results and, through the Prefect API, logs and artifacts, and
-the Ray job records.
+The pipeline test runs the miniature flow of tests/test_pipeline_flow.py on a Ray head of its own,
+started from an environment that holds fake credentials (as a user's shell would), as does this
+process, and greps everything the run leaves: the data root (MLflow's SQLite file, its artifact
+store, the run directory), the Prefect database, results and, through the Prefect API, logs and
+artifacts, and the Ray job records. Another test looks at the environment of every process of that
+head and of a job on it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 import threading
 from pathlib import Path
@@ -49,11 +53,17 @@ def secret_env():
 
 @pytest.fixture(scope="module")
 def secret_head(secret_env):
-    """A local Ray head whose environment, inherited by every job, holds the fake credentials."""
+    """A local Ray head started from an environment that holds the fake credentials (the user's shell)."""
     from mazerl.cluster.ray_local import start_local_head
 
     temp = tempfile.mkdtemp(prefix="mzr-s", dir="/tmp")
-    head = start_local_head(temp, num_cpus=2, object_store_mb=100, dashboard_port=0, extra_env=secret_env)
+    saved = dict(os.environ)
+    os.environ.update(secret_env)
+    try:
+        head = start_local_head(temp, num_cpus=2, object_store_mb=100, dashboard_port=0)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     yield head
     head.stop()
     shutil.rmtree(temp, ignore_errors=True)
@@ -186,6 +196,97 @@ def test_no_secret_reaches_any_output_of_a_pipeline_run_and_every_server_listens
     assert sockets.seen and any("python" in name for name in names), sockets.seen
     exposed = sorted(entry for entry in sockets.seen if not is_loopback(entry[1]))
     assert exposed == [], f"listening beyond 127.0.0.1: {exposed}"
+
+
+def process_environment(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().replace(b"\0", b"\n").decode(errors="replace")
+    except OSError:  # ended meanwhile
+        return ""
+
+
+def test_no_secret_of_the_users_shell_reaches_the_head_or_a_jobs_environment(secret_env, secret_head, tmp_path):
+    from mazerl.cluster.submitter import RayJob
+
+    # Given a head started from a shell holding cloud credentials and tokens,
+    script = tmp_path / "env.py"
+    script.write_text("import json, os\nprint('ENV ' + json.dumps(dict(os.environ)), flush=True)\n")
+    lines: list[str] = []
+    # when a job runs on it,
+    with RayJob(
+        secret_head.address,
+        f"python {script}",
+        pipeline_run_id="envdump",
+        attempt=1,
+        headers=secret_head.auth_headers(),
+        log=lines.append,
+    ) as job:
+        job.wait()
+    (dump,) = [json.loads(line[4:]) for line in lines if line.startswith("ENV ")]
+    # then the job saw only the allow-listed environment (no credential, and what a job needs),
+    assert [name for name, value in secret_env.items() if value in json.dumps(dump)] == []
+    assert {"PATH", "HOME", "RAY_AUTH_TOKEN_PATH"} <= set(dump), sorted(dump)
+    # and no process of the head holds a credential in its environment either.
+    processes = [psutil.Process(secret_head.pid), *psutil.Process(secret_head.pid).children(recursive=True)]
+    assert len(processes) >= 3, "the head's GCS, raylet and dashboard were examined"
+    leaks = {p.pid: [n for n, v in secret_env.items() if v in process_environment(p.pid)] for p in processes}
+    assert {pid: names for pid, names in leaks.items() if names} == {}
+
+
+def test_eval_command_runs_on_a_loopback_only_head_and_leaves_no_token_where_others_can_read_it(
+    starter_model_dir, tmp_path
+):
+    import subprocess
+    import sys
+    import time
+
+    from mazerl.cluster.ray_local import REGISTRY_NAME
+
+    # Given `mazerl eval` with no --ray-address, in a fresh TMPDIR and HOME (as on a laptop),
+    home, temp, out = tmp_path / "home", Path(tempfile.mkdtemp(prefix="mzr-e", dir="/tmp")), tmp_path / "eval"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | {"HOME": str(home), "TMPDIR": str(temp)}
+    command = [str(Path(sys.executable).parent / "mazerl"), "eval", "--model", str(starter_model_dir)]
+    command += ["--max-mazes", "6", "--workers", "2", "--gifs", "2", "--out", str(out)]
+    registry = temp / f"mazerl-ray-{os.getuid()}" / REGISTRY_NAME
+    seen: set[tuple[str, str, int]] = set()
+    try:
+        # when it runs,
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        sockets = None
+        while process.poll() is None:
+            if sockets is None and registry.is_file():
+                sockets = ListeningSockets(json.loads(registry.read_text())["pid"])
+                sockets.start()
+            time.sleep(0.2)
+        stdout, stderr = process.communicate(timeout=300)
+        if sockets is not None:
+            sockets.done.set()
+            sockets.join(timeout=10)
+            seen = sockets.seen
+        # then it evaluates on the embedded head, writing the results, the summary and the GIFs,
+        assert process.returncode == 0, stderr[-3000:]
+        assert "success" in stdout and "budget ceiling" in stdout
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["eval_set"] == "maze256-small-v1" and summary["n"] == 6, "the starter's own set by default"
+        assert len((out / "results.jsonl").read_text().splitlines()) == 6
+        assert len(list((out / "gifs").glob("*.gif"))) == 2
+        # every Ray server it started listened on loopback only,
+        assert sockets is not None and len(seen) >= 5, f"the head's servers were sampled: {seen}"
+        exposed = sorted(entry for entry in seen if not is_loopback(entry[1]))
+        assert exposed == [], f"listening beyond 127.0.0.1: {exposed}"
+        # no token was written into ~/.ray (where a bare ray.init() puts one, mode 0644),
+        assert not (home / ".ray").exists(), sorted(p.name for p in (home / ".ray").iterdir())
+        # and the head it started is stopped again, its private temp dir readable by this user only.
+        assert not registry.exists(), "the head the command started was stopped when it ended"
+        assert stat.S_IMODE(registry.parent.stat().st_mode) == 0o700
+    finally:
+        from mazerl.cluster.ray_local import find_local_head
+
+        left = find_local_head(registry.parent) if registry.is_file() else None
+        if left is not None:  # the command failed before it stopped its head
+            left.stop()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from mazerl.training import skyrl_backend
 from mazerl.training.config import TrainConfig
 from mazerl.training.skyrl_backend import (
     METRIC_ALIASES,
+    PLACEHOLDER_PROMPT,
     SkyrlConfigError,
     add_metric_aliases,
     build_overrides,
@@ -181,6 +182,8 @@ def test_kl_coefficient_turns_the_kl_loss_on(tmp_path):
         ({"history_images": 2}, "history_images"),
         ({"freeze_vision": False}, "freeze_vision"),
         ({"lora": {"alpha": 16.5}}, "lora.alpha"),
+        ({"lora": {"rank": 4, "alpha": 8}}, "lora.rank"),  # vLLM serves 1, 8, 16, 32, ... only
+        ({"lora": {"rank": 48, "alpha": 96}}, "lora.rank"),
         ({"mazes_per_step": 128}, "train_pool_size"),
         ({"mazes_per_step": 3, "skyrl": {"num_gpus": 16}}, "skyrl.num_gpus"),  # 24 episodes over 16 GPUs
         ({"skyrl": {"micro_batch_size_per_gpu": 3}}, "micro_batch_size_per_gpu"),
@@ -206,7 +209,7 @@ def extras_as_skyrl_builds_them(row: dict, max_turns: int) -> dict:
 def play_solver(extras: dict) -> tuple[float, Layout]:
     register_maze_env()
     env = skyrl_gym.make(ENV_ID, env_config={}, extras=extras)
-    env.init([{"role": "user", "content": "maze"}])
+    env.init(PLACEHOLDER_PROMPT)
     layout = env.env.layout
     out = None
     for text in solve(layout):
@@ -236,6 +239,19 @@ def test_tickets_round_trip_parquet_and_play_the_named_maze(tmp_path):
     for index in (0, 31):
         reward, layout = play_solver(extras_as_skyrl_builds_them(evaluation[index], max_turns=60))
         assert layout == eval_set.layouts[index] and reward == 1.0
+
+
+def test_ticket_prompt_is_skyrls_visgym_placeholder_and_the_env_builds_the_real_first_message(tmp_path):
+    # given a ticket as written (the prompt column of SkyRL's VisGym example: "placeholder"),
+    train, _ = dataset_rows(make_config(tmp_path, eval_set="maze256-small-v1"))
+    assert train[0]["prompt"] == [{"role": "user", "content": "placeholder"}] == PLACEHOLDER_PROMPT
+    # when SkyRL's generator hands it to env.init, then the env replaces it with the task text and the frame.
+    register_maze_env()
+    env = skyrl_gym.make(ENV_ID, env_config={}, extras=extras_as_skyrl_builds_them(train[0], max_turns=15))
+    (first,), _ = env.init(copy.deepcopy(train[0]["prompt"]))
+    text, image = first["content"]
+    assert text == {"type": "text", "text": env.env.prompt()} and "placeholder" not in text["text"]
+    assert image["image_url"]["url"].startswith("data:image/png;base64,")
 
 
 def test_tickets_are_a_pure_function_of_the_config(tmp_path):

@@ -1,15 +1,21 @@
 """The GPU cluster image agrees with the SkyRL release the backend was checked against.
 
 The image is not built here (no Docker daemon, no CUDA); these checks keep its pinned
-versions, the snapshot of the real SkyRL config, and the RayCluster manifest in step.
+versions, its constraints file (which CI's image-stack leg installs too), the snapshot of the
+real SkyRL config, and the RayCluster manifest in step.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import yaml
+from packaging.requirements import Requirement
 
 from mazerl.training.skyrl_backend import load_schema
 
@@ -46,3 +52,53 @@ def test_image_installs_the_project_with_its_cluster_extra_and_checks_the_import
     for module in ("mazerl.training.skyrl_entry", "envs.skyrl_env", "mazerl.policy.vllm_engine"):
         assert f"import {module}" in text, f"the build must fail if {module} does not import"
         assert (REPO / (module.replace(".", "/") + ".py")).is_file()
+
+
+IMAGE_CONSTRAINTS = REPO / "deployments" / "docker" / "constraints.txt"
+
+
+def image_pins() -> dict[str, str]:
+    lines = (line.split("#", 1)[0].strip() for line in IMAGE_CONSTRAINTS.read_text().splitlines())
+    return dict(line.split("==") for line in lines if line)
+
+
+def test_image_constraints_are_skyrls_pins_and_admitted_by_our_ranges():
+    pins, fsdp = image_pins(), load_schema()["fsdp_pins"]
+    assert {"torch", "ray", "peft", "transformers"} <= set(pins), "the libraries our code calls directly"
+    for name in ("torch", "ray", "peft"):
+        assert f"=={pins[name]}" == fsdp[name], f"{name}: the image gets skyrl[fsdp]'s pin {fsdp[name]}"
+    assert build_args()["TORCH_VERSION"] == pins["torch"]
+    # SkyRL 0.4.0 requires transformers>=5.6.1,<=5.16.1 (its wheel's metadata); the image resolves the top.
+    assert pins["transformers"] == "5.16.1"
+    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    for requirement in map(Requirement, dependencies):
+        if requirement.name in pins:
+            assert requirement.specifier.contains(pins[requirement.name]), f"pyproject.toml refuses {requirement.name}"
+
+
+def test_image_build_and_the_ci_leg_install_with_the_same_constraints_and_check_them():
+    text = DOCKERFILE.read_text()
+    assert "COPY deployments/docker/constraints.txt scripts/check_constraints.py ./" in text
+    assert text.count("-c constraints.txt") == 2, "torch alone, then the whole stack"
+    assert "RUN python check_constraints.py constraints.txt" in text, "the build fails when a pin did not hold"
+    makefile = (REPO / "Makefile").read_text()
+    assert "IMAGE_CONSTRAINTS := deployments/docker/constraints.txt" in makefile
+    assert "check_constraints.py $(IMAGE_CONSTRAINTS)" in makefile and "-m image_stack" in makefile
+    assert re.search(r"^test: test-suite test-image-stack$", makefile, flags=re.MULTILINE), "`make test` runs both legs"
+
+
+def test_check_constraints_accepts_the_installed_stack_and_names_a_drifted_pin(tmp_path):
+    torch = importlib.metadata.version("torch")  # a local version here (2.13.0+cpu): the public part counts
+    pyyaml = importlib.metadata.version("pyyaml")
+    good = tmp_path / "good.txt"
+    good.write_text(f"torch=={torch.split('+')[0]}\npyyaml=={pyyaml}  # comment\nnot-here==1.0; python_version < '3'\n")
+    bad = tmp_path / "bad.txt"
+    bad.write_text("pyyaml==0.0.1\nnot-installed-anywhere==1.0\n")
+    script = [sys.executable, str(REPO / "scripts" / "check_constraints.py")]
+    assert subprocess.run([*script, str(good)], capture_output=True, text=True).returncode == 0
+    result = subprocess.run([*script, str(bad)], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert (
+        f"pyyaml: installed {pyyaml}, pinned 0.0.1" in result.stderr
+        and "not-installed-anywhere: not installed" in result.stderr
+    )

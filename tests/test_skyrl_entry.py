@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mazerl.fingerprint import model_fingerprint
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig
 from mazerl.training.skyrl_backend import build_overrides, run_files
@@ -70,6 +71,7 @@ def test_dry_run_writes_tickets_and_the_overrides_and_exits_0(tmp_path, capsys):
 
 def test_real_run_without_skyrl_is_a_configuration_error_with_the_reason(tmp_path, capsys):
     # given Python 3.11 without SkyRL (as CI is), when the real run is asked for, then exit 2 says why
+    (tmp_path / "model").mkdir()
     assert main(["--config", str(write_config(tmp_path))]) == EXIT_CONFIG
     out = capsys.readouterr().out
     assert "configuration error" in out and ("Python >= 3.12" in out or "not installed" in out), out
@@ -89,6 +91,35 @@ def test_bad_configs_exit_2_before_writing_anything(tmp_path, capsys, changes, n
     assert main(["--config", str(path), "--dry-run"]) == EXIT_CONFIG
     assert named in capsys.readouterr().out
     assert not (tmp_path / "root" / "runs").exists(), "nothing may be written for a refused config"
+
+
+def test_a_lora_rank_vllm_does_not_serve_exits_2_naming_the_allowed_ranks(tmp_path, capsys):
+    # given rank 24 (vLLM 0.30's max_lora_rank allows 1, 8, 16, 32, 64, 128, 256, 320, 512),
+    path = write_config(tmp_path, lora={"rank": 24, "alpha": 48})
+    # when the entry checks the config, then it refuses before any GPU is asked for (exit 2).
+    assert main(["--config", str(path), "--dry-run"]) == EXIT_CONFIG
+    out = capsys.readouterr().out
+    assert "lora.rank (24)" in out and "1, 8, 16, 32, 64, 128, 256, 320, 512" in out, out
+    assert not (tmp_path / "root" / "runs").exists(), "nothing is written for a refused config"
+
+
+def test_the_base_models_fingerprint_is_kept_beside_the_checkpoints_and_a_resume_on_another_is_refused(
+    tmp_path, capsys
+):
+    # given a base model directory and a first (real, not dry) run of the entry,
+    base = tmp_path / "model"
+    base.mkdir()
+    (base / "config.json").write_text('{"model_type": "qwen3_vl"}')
+    path = write_config(tmp_path)
+    main(["--config", str(path)])  # exits 2 afterwards on CI: SkyRL is not installed on Python 3.11
+    config = TrainConfig.model_validate(yaml.safe_load(path.read_text()))
+    record = json.loads((config.checkpoint_dir / checkpoints.BASE_MODEL_RECORD).read_text())
+    assert record == {"fingerprint": model_fingerprint(base), "base_model": str(base)}
+    # when the base model changes under the same run, then the entry refuses to resume onto it.
+    (base / "config.json").write_text('{"model_type": "qwen3_vl", "changed": true}')
+    capsys.readouterr()
+    assert main(["--config", str(path)]) == EXIT_CONFIG
+    assert "trained from a base model with fingerprint" in capsys.readouterr().out
 
 
 def test_missing_or_unreadable_config_file_is_a_configuration_error(tmp_path, capsys):

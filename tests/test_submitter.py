@@ -20,13 +20,14 @@ import pytest
 
 from mazerl.cluster.errors import ConfigError, JobConfigError, RetryableJobError
 from mazerl.cluster.submitter import (
-    CheckpointProbe,
-    LogStepProbe,
     RayJob,
     module_entrypoint,
     submission_id_for,
     submit_training,
 )
+
+# Ray's job client against a Ray head, on the Ray the image ships too (`make test-image-stack`).
+pytestmark = pytest.mark.image_stack
 
 SCRIPTS = {
     "ok.py": """
@@ -48,7 +49,7 @@ SCRIPTS = {
     """,
     "hang.py": """
         import time
-        print("step 0", flush=True)
+        print("step 1/5: reward 0.0", flush=True)
         time.sleep(600)
     """,
     # Prints its pid, then waits to be killed (or for the release file, never written).
@@ -157,23 +158,6 @@ def test_module_entrypoint_rejects_non_module_names(module):
         module_entrypoint(module, "/tmp/c.json")
 
 
-def test_log_step_probe_keeps_the_largest_step_seen():
-    probe = LogStepProbe()
-    assert probe() is None, "no step seen yet"
-    for line in ["loading model", "step 3 reward 0.1", "global_step: 7", "Step=5", "eval at step 6"]:
-        probe.feed(line)
-    assert probe() == 7, "the largest step number in the lines fed so far"
-
-
-def test_checkpoint_probe_reads_the_marker(tmp_path):
-    probe = CheckpointProbe(tmp_path)
-    assert probe() is None, "no marker yet"
-    (tmp_path / "latest_ckpt_global_step.txt").write_text("12\n")
-    assert probe() == 12
-    (tmp_path / "latest_ckpt_global_step.txt").write_text("garbage")
-    assert probe() is None, "an unreadable marker is no progress, not a crash"
-
-
 # --- real jobs on the local head -------------------------------------------------------------
 
 
@@ -260,7 +244,7 @@ def test_hung_job_is_stopped_and_reported_retryable(local_ray_head, scripts):
     with pytest.raises(RetryableJobError, match="hung") as caught, running:
         running.wait()
     assert time.monotonic() - started < 45, "the watchdog fires soon after the timeout"
-    assert "last progress: 0" in str(caught.value), "the last step seen in the log is reported"
+    assert "last progress: 1" in str(caught.value), "the last step seen in the log is reported"
     status = client_for(local_ray_head).get_job_status(running.submission_id)
     assert str(status) == "STOPPED", f"the hung job must be stopped before the error is raised ({status})"
 

@@ -60,6 +60,28 @@ def test_plot_and_table(tmp_path):
     )
 
 
+def test_the_curve_says_which_mazes_each_series_was_measured_on(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to read its legend
+    history = {"train/success_rate": [(1, 0.1), (2, 0.2)], "eval/success_rate": [(2, 0.3)]}
+    _, markdown = curves.plot_learning_curve(
+        history,
+        tmp_path,
+        baseline=0.25,
+        final=0.4,
+        greedy_on="the first 64 of the 256 mazes of maze256-small-v1",
+        eval_on="256 mazes of maze256-small-v1",
+    )
+    legend = [text.get_text() for text in figures[0].axes[0].get_legend().get_texts()]
+    assert "greedy eval on the first 64 of the 256 mazes of maze256-small-v1" in legend, legend
+    assert "baseline 0.250 on 256 mazes of maze256-small-v1" in legend, legend
+    table = markdown.read_text()
+    assert "greedy eval during training on the first 64 of the 256 mazes of maze256-small-v1" in table
+    assert "baseline eval (before training) on 256 mazes of maze256-small-v1: **0.250**" in table
+
+
 def test_log_learning_curve_from_the_train_run(mlflow_root, tmp_path):
     uri = lineage.default_tracking_uri(mlflow_root)
     runs = lineage.start_pipeline_run(uri)

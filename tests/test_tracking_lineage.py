@@ -2,6 +2,7 @@
 
 import json
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,56 +30,108 @@ def all_runs(uri, experiment_id):
     return client_of(uri).search_runs([experiment_id], max_results=1000)
 
 
-def test_pipeline_run_has_parent_and_five_stage_runs(uri, mlflow_root):
+def test_pipeline_run_is_a_parent_whose_stage_runs_start_with_their_stages(uri, mlflow_root):
     # given an empty store / when a pipeline run starts
     runs = lineage.start_pipeline_run(
-        uri, tags={"owner": "ci"}, params={"steps": 3}, flow_run_id="flow-1", deployment="local"
+        uri,
+        "vlm-maze-grpo",
+        "ruddy-gerbil-8432ca63",
+        tags={"owner": "ci", "mazerl.run_id": "ruddy-gerbil-8432ca63"},
+        params={"steps": 3},
+        flow_run_id="flow-1",
+        deployment="local",
     )
     client = client_of(uri)
-    # then the parent carries the Prefect ids and the repository's commit
+    # then the parent is named by the run id and carries the Prefect ids and the repository's commit
     parent = client.get_run(runs.parent_run_id)
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
-    assert parent.info.run_name == "pipeline"
+    assert parent.info.run_name == "ruddy-gerbil-8432ca63"
     assert parent.data.tags["prefect.flow_run_id"] == "flow-1"
     assert parent.data.tags["prefect.deployment"] == "local"
     assert parent.data.tags["mlflow.source.git.commit"] == head.stdout.strip(), "parent should record HEAD"
     assert parent.data.tags["owner"] == "ci"
     assert parent.data.params == {"steps": "3"}
-    # and five children named after the stages, nested under it, waiting to start
-    assert list(runs.stage_run_ids) == list(STAGES)
-    for stage, run_id in runs.stage_run_ids.items():
-        child = client.get_run(run_id)
-        assert child.info.run_name == stage
+    # and no stage run exists before its stage starts (MLflow cannot move a run's start time later)
+    assert runs.stage_run_ids == {} and len(all_runs(uri, runs.experiment_id)) == 1
+    # when the stages run one after the other
+    spans = {}
+    for stage in STAGES:
+        time.sleep(0.05)
+        with lineage.stage_run(uri, runs.run_id(stage)):
+            time.sleep(0.05)
+        info = client.get_run(runs.run_id(stage)).info
+        spans[stage] = (info.start_time, info.end_time)
+    # then each stage run is a child named after its stage, spanning its own stage only
+    for earlier, later in zip(STAGES, STAGES[1:], strict=False):
+        assert spans[earlier][1] <= spans[later][0], f"{earlier} {spans[earlier]} must end before {later} starts"
+    for stage in STAGES:
+        child = client.get_run(runs.run_id(stage))
+        assert child.info.run_name == stage and child.info.status == "FINISHED"
         assert child.data.tags["mlflow.parentRunId"] == runs.parent_run_id
-        assert child.info.status == "SCHEDULED", f"{stage} should wait for its stage, got {child.info.status}"
-    # and the experiment keeps its artifacts under <root>/mlartifacts
+        assert child.data.tags["mazerl.run_id"] == "ruddy-gerbil-8432ca63" and child.data.tags["prefect.flow_run_id"]
+        assert spans[stage][1] - spans[stage][0] < 2000, f"{stage} lasted {spans[stage]} ms, not the pipeline's"
+        assert spans[stage][0] > parent.info.start_time
+    # and the experiment is MLflow's model-training kind and keeps its artifacts under <root>/mlartifacts
     experiment = client.get_experiment(runs.experiment_id)
     assert experiment.name == "vlm-maze-grpo"
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    view = json.loads(experiment.tags["mlflow.sharedViewState.mazerl"])  # the runs table's columns
+    assert "metrics.`result/final_success`" in view["selectedColumns"]
     assert experiment.artifact_location == (mlflow_root / "mlartifacts").as_uri()
     assert runs.job_env("train") == {"MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": runs.run_id("train")}
 
 
+def test_an_existing_experiment_gets_the_model_training_kind_unless_it_has_one(uri):
+    client = client_of(uri)
+    untyped = client.create_experiment("old")
+    chosen = client.create_experiment("chosen", tags={"mlflow.experimentKind": "genai_development"})
+    assert lineage.ensure_experiment(uri, "old") == untyped
+    lineage.ensure_experiment(uri, "chosen")
+    assert client.get_experiment(untyped).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert client.get_experiment(chosen).tags["mlflow.experimentKind"] == "genai_development", "a user's choice stays"
+
+
+def test_ui_links_open_the_model_training_view():
+    # MLflow 3.17's UI opens every experiment on its GenAI overview unless the URL says otherwise.
+    assert lineage.experiment_url("http://127.0.0.1:5000/", "3", "abc") == (
+        "http://127.0.0.1:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
+    )
+    assert lineage.experiment_url("https://mlflow.example", "3") == (
+        "https://mlflow.example/#/experiments/3/runs?viewStateShareKey=mazerl&workflowType=machine_learning"
+    )
+    assert lineage.ui_url("sqlite:////x/mlflow.db") == "http://127.0.0.1:5000"
+    assert lineage.ui_url("https://mlflow.example/") == "https://mlflow.example"
+    assert lineage.ui_url("databricks") is None
+
+
 def test_retried_flow_run_reattaches_to_its_runs(uri):
-    # given a pipeline run whose flow failed half-way
+    # given a pipeline run whose flow failed half-way, in train
     first = lineage.start_pipeline_run(uri, params={"steps": 3}, flow_run_id="flow-2")
-    lineage.set_run_status(uri, first.run_id("verify_cluster"), "FINISHED")
-    lineage.set_run_status(uri, first.run_id("train"), "FAILED")
-    lineage.set_run_status(uri, first.parent_run_id, "FAILED")
-    client_of(uri).delete_run(first.run_id("final_eval"))  # a stage run lost in between
-    # when the flow run is retried (same flow-run id, same params)
+    with lineage.stage_run(uri, first.run_id("verify_cluster")):
+        pass
+    train = first.run_id("train")
+    with pytest.raises(RuntimeError), lineage.stage_run(uri, train):
+        raise RuntimeError("node lost")
+    failed = client_of(uri).get_run(train).info
+    assert client_of(uri).get_run(first.parent_run_id).info.status == "FAILED", "a failed stage fails the parent"
+    # when the flow run is retried (same flow-run id, same params) and train runs again
     again = lineage.start_pipeline_run(uri, params={"steps": 3}, flow_run_id="flow-2")
-    # then the same parent and stage runs come back, only the lost one is recreated
     assert again.reattached and not first.reattached
     assert again.parent_run_id == first.parent_run_id
-    for stage in STAGES:
-        same = again.run_id(stage) == first.run_id(stage)
-        assert same == (stage != "final_eval"), f"{stage}: reuse expected unless it was deleted"
+    assert again.stage_run_ids == {"verify_cluster": first.run_id("verify_cluster"), "train": train}
     assert client_of(uri).get_run(again.parent_run_id).info.status == "RUNNING"
-    assert client_of(uri).get_run(again.run_id("verify_cluster")).info.status == "FINISHED"
-    assert len(all_runs(uri, again.experiment_id)) == 1 + len(STAGES)
+    time.sleep(0.05)
+    with lineage.stage_run(uri, again.run_id("train")):
+        pass
+    # then the same stage run spans both attempts: the first one's start, the retry's end
+    retried = client_of(uri).get_run(train).info
+    assert retried.status == "FINISHED" and retried.start_time == failed.start_time
+    assert retried.end_time > failed.end_time
+    assert len(all_runs(uri, again.experiment_id)) == 3, "no stage run is duplicated"
     # and another flow run gets runs of its own
     other = lineage.start_pipeline_run(uri, flow_run_id="flow-3")
     assert other.parent_run_id != first.parent_run_id and not other.reattached
+    assert other.run_id("train") != train
 
 
 def test_retry_with_changed_params_is_refused(uri):
@@ -246,25 +299,3 @@ def test_bad_eval_dir_is_refused_before_logging(uri, tmp_path, files, message):
     with pytest.raises(EvalReportError, match=message):
         lineage.log_eval_report(uri, runs.run_id("final_eval"), tmp_path)
     assert client_of(uri).get_run(runs.run_id("final_eval")).data.metrics == {}
-
-
-def test_merged_model_is_uploaded_or_pointed_to_by_size(uri, mlflow_root, tmp_path):
-    merged = tmp_path / "merged"
-    merged.mkdir()
-    (merged / "config.json").write_text("{}")
-    (merged / "model.safetensors").write_bytes(b"\0" * 300_000)
-    (merged / "merge_record.json").write_text(json.dumps({"logits_max_abs_diff": 1e-6, "checkpoint_step": 3}))
-    runs = lineage.start_pipeline_run(uri)
-    run_id = runs.run_id("merge_lora")
-    small = lineage.log_merged_model(uri, run_id, merged, max_artifact_mb=1.0)
-    artifacts = mlflow_root / "mlartifacts" / run_id / "artifacts"
-    assert small.uploaded and small.source == (artifacts / "merged_model").as_uri()
-    assert (artifacts / "merged_model" / "model.safetensors").stat().st_size == 300_000
-    assert client_of(uri).get_run(run_id).data.metrics == {"merge/logits_max_abs_diff": 1e-6}
-    # above the size limit only a pointer to the shared-storage path is logged
-    other = lineage.start_pipeline_run(uri).run_id("merge_lora")
-    large = lineage.log_merged_model(uri, other, merged, max_artifact_mb=0.1)
-    pointer_dir = mlflow_root / "mlartifacts" / other / "artifacts" / "merged_model_pointer"
-    assert not large.uploaded and large.source == pointer_dir.as_uri()
-    assert json.loads((pointer_dir / "pointer.json").read_text())["path"] == str(merged.resolve())
-    assert not (mlflow_root / "mlartifacts" / other / "artifacts" / "merged_model").exists()

@@ -36,6 +36,9 @@ from mazerl.policy.vllm_engine import (
     vllm_prompt,
 )
 
+# The processor inputs the vLLM engine builds with transformers, on the image's transformers too (`make test-image-stack`).
+pytestmark = pytest.mark.image_stack
+
 
 @pytest.fixture(scope="module")
 def policy(starter_model_dir):

@@ -10,7 +10,7 @@
 Nothing here imports Prefect; Ray and boto3 are imported lazily where it matters.
 """
 
-from mazerl.cluster.errors import ClusterAccessError, ConfigError, JobConfigError, RetryableJobError
+from mazerl.cluster.errors import ClusterAccessError, ConfigError, JobConfigError, JobConflictError, RetryableJobError
 from mazerl.cluster.report import CheckRow, ClusterNotReadyError, ClusterReport
 
 __all__ = [
@@ -20,5 +20,6 @@ __all__ = [
     "ClusterReport",
     "ConfigError",
     "JobConfigError",
+    "JobConflictError",
     "RetryableJobError",
 ]

@@ -135,6 +135,14 @@ def job_client(address: str | RayAddress, headers: dict[str, str] | None = None)
 
 def _map_client_error(address: RayAddress, exc: Exception) -> Exception:
     name, text = type(exc).__name__, str(exc)
+    if address.is_sagemaker and (
+        name == "AuthenticationError" or "status code 401" in text or "status code 403" in text
+    ):
+        return ClusterAccessError(
+            f"the HyperPod Ray endpoint {address} refused the session the toolkit just obtained "
+            f"({text.splitlines()[0][:120] if text else name}); check that these AWS credentials may submit jobs to "
+            "that cluster"
+        )
     if name == "AuthenticationError" or "Authentication required" in text or "status code 401" in text:
         return ClusterAccessError(
             f"Ray at {address} requires token authentication and this client sent no valid token; pass the "
@@ -149,6 +157,12 @@ def _map_client_error(address: RayAddress, exc: Exception) -> Exception:
         if "temporarily unavailable" in text or "Unable to connect" in text or "timed out" in text:
             return RetryableJobError(f"ray address {address}: {text}", address=address.value)
         return ClusterAccessError(f"ray address {address}: HyperPod did not grant a dashboard session: {text}")
+    if "Version check returned 404" in text:  # something answers there, but not Ray (or a gateway for no host)
+        return RetryableJobError(
+            f"Ray at {address} did not answer: the address answered HTTP 404 for /api/version, so no Ray job server "
+            "is there; check that the head is running and that the address is its dashboard (http://<head>:8265)",
+            address=address.value,
+        )
     return RetryableJobError(f"Ray at {address} did not answer the job API: {name}: {text}", address=address.value)
 
 

@@ -28,6 +28,19 @@ class JobConfigError(ConfigError):
         self.submission_id = submission_id
 
 
+class JobConflictError(ConfigError):
+    """Another pipeline run's job of this stage is active on the cluster and is not the same work.
+
+    Not retried automatically: the other job holds the resources until it ends or is stopped,
+    which the message says how to do.
+    """
+
+    def __init__(self, message: str, *, address: str, submission_id: str):
+        super().__init__(message)
+        self.address = address
+        self.submission_id = submission_id
+
+
 class RetryableJobError(RuntimeError):
     """The job or the cluster failed in a way that a new attempt can fix."""
 

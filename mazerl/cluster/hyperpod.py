@@ -13,6 +13,7 @@ does not exist in that account and region.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from mazerl.cluster.errors import ClusterAccessError, ConfigError, RetryableJobError
@@ -30,10 +31,17 @@ class HyperPodClusterNotFound(ConfigError):
 
 
 def sagemaker_client(region: str | None = None):
-    """A boto3 SageMaker client; a missing region is a clear error, not botocore's."""
+    """A boto3 SageMaker client; a missing region is a clear error, not botocore's.
+
+    The region: the argument, else ``AWS_REGION`` (what EKS, Lambda and most AWS SDKs set, and
+    what our manifests template), else boto3's own chain (``AWS_DEFAULT_REGION``, the profile).
+    boto3 itself does not read ``AWS_REGION``, so without this a pod given only ``AWS_REGION``
+    would still have no region.
+    """
     import boto3
     from botocore.exceptions import NoRegionError
 
+    region = region or os.environ.get("AWS_REGION") or None
     try:
         return boto3.client("sagemaker", region_name=region)
     except NoRegionError:

@@ -7,7 +7,7 @@ a port-forwarded KubeRay head, ``sagemaker_ray://``). It prints one line
 
 What it measures:
 
-- the cluster's Ray version and its nodes (ALIVE/DEAD, GPUs per node);
+- the cluster's Ray version and its nodes (ALIVE/DEAD; GPUs, CPUs, memory and labels per node);
 - shared storage: a task pinned to each alive node (``NodeAffinitySchedulingStrategy``,
   hard) writes ``<data_root>/.mazerl-probe/<token>/<node>``, then the *next* node reads it
   back; a mount that is missing or node-local on any node shows up as a failed read. Each
@@ -39,6 +39,33 @@ PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
+def node_name(node: dict[str, Any]) -> str:
+    """A node as reports show it: its address, and its id's start (nodes may share an address)."""
+    return f"{node['address']} ({node['node_id'][:8]})" if node.get("node_id") else node["address"]
+
+
+def safetensors_problem(handle: Any, size: int) -> str | None:
+    """What is wrong with a safetensors file, from its header alone (milliseconds, whatever its size).
+
+    The format is an 8-byte little-endian header length, a JSON header giving every tensor's byte
+    range, then the data: a file shorter than the largest range's end was cut off (a copy that stopped).
+    """
+    head = handle.read(8)
+    if len(head) < 8:
+        return f"is {size} bytes, too short for a safetensors header"
+    length = int.from_bytes(head, "little")
+    if length > size - 8:
+        return f"declares a {length}-byte header but holds {size} bytes in all: it is truncated or not safetensors"
+    try:
+        header = json.loads(handle.read(length))
+        end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return "has no readable safetensors header"
+    if size < 8 + length + end:
+        return f"is truncated: {size} of the {8 + length + end} bytes its header declares"
+    return None
+
+
 def check_model_dir(model_dir: str) -> dict[str, Any]:
     """What a Hugging Face VLM directory needs to be loadable, as found on this node."""
     path = Path(model_dir)
@@ -68,13 +95,15 @@ def check_model_dir(model_dir: str) -> dict[str, Any]:
         shards |= set(path.glob(pattern))
     if not shards:
         result["missing"].append("weights (*.safetensors or pytorch_model*.bin)")
-    for shard in shards:
+    for shard in sorted(shards):
         try:
             with open(shard, "rb") as handle:
-                handle.read(8)  # readable, not just listed
+                problem = safetensors_problem(handle, shard.stat().st_size) if shard.suffix == ".safetensors" else None
             result["weights_bytes"] += shard.stat().st_size
         except OSError as exc:
-            result["missing"].append(f"a readable {shard.name} ({exc.strerror})")
+            problem = f"cannot be read ({exc.strerror})"
+        if problem:
+            result["missing"].append(f"a complete {shard.name} (it {problem})")
     if not any((path / name).is_file() for name in PROCESSOR_FILES):
         result["missing"].append(f"a processor config ({' or '.join(PROCESSOR_FILES)})")
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
@@ -132,6 +161,9 @@ def run_probe(request: dict[str, Any]) -> dict[str, Any]:
             "address": n["NodeManagerAddress"],
             "alive": bool(n["Alive"]),
             "gpus": float(n.get("Resources", {}).get("GPU", 0)),
+            "cpus": float(n.get("Resources", {}).get("CPU", 0)),
+            "memory_bytes": float(n.get("Resources", {}).get("memory", 0)),  # what Ray schedules against
+            "labels": dict(n.get("Labels") or {}),
             "is_head": "node:__internal_head__" in n.get("Resources", {}),
         }
         for n in ray.nodes()
@@ -169,7 +201,7 @@ def run_probe(request: dict[str, Any]) -> dict[str, Any]:
         )
         gather([pinned(remove_probe, n["node_id"]).remote(data_root, token) for n in alive])
         result["storage"] = [
-            {"writer": n["address"], "reader": alive[(i + 1) % len(alive)]["address"], "write": w, "read": r}
+            {"writer": node_name(n), "reader": node_name(alive[(i + 1) % len(alive)]), "write": w, "read": r}
             for i, (n, w, r) in enumerate(zip(alive, writes, reads, strict=True))
         ]
 
@@ -178,7 +210,7 @@ def run_probe(request: dict[str, Any]) -> dict[str, Any]:
         workers = sorted(alive, key=lambda n: (n["gpus"] == 0, n["is_head"]))  # a GPU worker first
         node = workers[0]
         (found,) = gather([pinned(check_model_dir, node["node_id"]).remote(model_dir)])
-        result["base_model"] = {"node": node["address"], **found}
+        result["base_model"] = {"node": node_name(node), **found}
 
     result["seconds"] = round(time.monotonic() - started, 2)
     return result

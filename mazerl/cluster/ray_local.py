@@ -16,13 +16,28 @@ token per head, kept in a 0600 file in the head's temp dir and never logged; cli
 it as an ``Authorization: Bearer`` header (:meth:`LocalRayHead.auth_headers`), which Ray's
 standard ``JobSubmissionClient(address, headers=...)`` accepts.
 
+The head's temp dir is private: it must belong to this user and not be group- or
+world-writable (a directory someone else made, or opened up, is refused: whoever can write
+there can replace the registry or the token). Ray's own temp dir is a subdirectory of it
+(``r/``): Ray makes that one 0777 whenever it starts a worker (measured with Ray 2.60), so
+it is the private parent, which Ray never touches, that keeps other users out.
+
+Jobs see only an allow-listed environment (:data:`JOB_ENV_ALLOWED`, plus the names a user
+lists in ``MAZERL_JOB_ENV``): the head's processes start with it, so a cloud secret in the
+user's shell never reaches a job's environment or what Ray records of it.
+
+One head serves every run of this user (and ``TMPDIR``) at once. Each process that uses it
+holds a lease (``ensure_local_head`` takes one; it ends with the process). A head started
+by :func:`local_ray_head` is stopped when the last lease is given up, not when the run that
+started it ends, so two ``mazerl run`` side by side both finish.
+
 Usage::
 
     with local_ray_head() as head:          # starts one, or reuses the running one
         client = JobSubmissionClient(head.address, headers=head.auth_headers())
 
-A process that wants to connect as a Ray *driver* (``ray.init(address=head.gcs_address)``)
-needs ``head.client_env()`` in its environment before it imports ray.
+A process that wants to connect as a Ray *driver* uses :func:`ray_driver` (``ray.init``
+with the head's address and token).
 """
 
 from __future__ import annotations
@@ -36,6 +51,7 @@ import os
 import secrets
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -54,9 +70,57 @@ REGISTRY_NAME = "mazerl_head.json"
 TOKEN_NAME = "mazerl_auth_token"
 HEAD_LOG_NAME = "mazerl_head.log"
 LOCK_NAME = "mazerl_head.lock"
-# Ray's Unix socket paths (<temp>/session_<date>_<pid>/sockets/plasma_store) must stay under
+LEASES_NAME = "mazerl_leases"
+PRIVATE_MODE = 0o700
+# What a job needs from the environment that starts the head: where things are, locale,
+# thread counts, devices, Hugging Face/torch caches and offline switches, certificates.
+# Anything else (cloud credentials, tokens, proxies with passwords) stays out unless the user
+# names it in MAZERL_JOB_ENV (comma-separated), e.g. MAZERL_JOB_ENV=MLFLOW_TRACKING_TOKEN.
+JOB_ENV_ALLOWED = frozenset(
+    {
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "PATH",
+        "LANG",
+        "LANGUAGE",
+        "LC_ALL",
+        "LC_CTYPE",
+        "TZ",
+        "TERM",
+        "TMPDIR",
+        "RAY_TMPDIR",
+        "PYTHONPATH",
+        "VIRTUAL_ENV",
+        "MAZERL_HOME",
+        "MAZERL_RAY_METRICS",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "TOKENIZERS_PARALLELISM",
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "CUDA_HOME",
+        "HF_HOME",
+        "HF_HUB_CACHE",
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "HF_DATASETS_OFFLINE",
+        "TORCH_HOME",
+        "XDG_CACHE_HOME",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT",
+    }
+)
+JOB_ENV_EXTRA_VAR = "MAZERL_JOB_ENV"
+# Ray's Unix socket paths (<temp>/r/session_<date>_<pid>/sockets/plasma_store) must stay under
 # 107 bytes, so the temp dir has to be short.
-MAX_TEMP_DIR_CHARS = 40
+MAX_TEMP_DIR_CHARS = 38
+RAY_SUBDIR = "r"  # Ray's --temp-dir, inside ours
 
 
 def default_temp_dir() -> Path:
@@ -66,6 +130,10 @@ def default_temp_dir() -> Path:
 
 class LocalRayError(RuntimeError):
     """The local head could not be started or stopped."""
+
+
+class UnsafeTempDirError(ValueError):
+    """The head's temp dir is too long for Ray, or others could write into it: a bad input, not a failure."""
 
 
 @dataclass(frozen=True)
@@ -79,10 +147,16 @@ class LocalRayHead:
     metrics_export_port: int  # Prometheus endpoint of this node: http://127.0.0.1:<port>/metrics
     ray_version: str
     started_here: bool = False
+    managed: bool = False  # started by local_ray_head(): stopped when its last lease is given up
 
     @property
     def token_path(self) -> Path:
         return self.temp_dir / TOKEN_NAME
+
+    @property
+    def ray_temp_dir(self) -> Path:
+        """Ray's own temp dir (sessions, logs, sockets), inside the private one."""
+        return self.temp_dir / RAY_SUBDIR
 
     def auth_headers(self) -> dict[str, str]:
         """The bearer header for Ray's HTTP API. Read fresh from the 0600 file; never log it."""
@@ -100,8 +174,13 @@ class LocalRayHead:
         }
 
     @property
+    def node_ip(self) -> str:
+        """The loopback address the head's node runs on (127.0.0.1 unless started with another)."""
+        return self.gcs_address.rsplit(":", 1)[0]
+
+    @property
     def metrics_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.metrics_export_port}/metrics"
+        return f"http://{self.node_ip}:{self.metrics_export_port}/metrics"
 
     def is_alive(self) -> bool:
         """The head process is ours and its job server answers."""
@@ -138,14 +217,20 @@ def start_local_head(
     dashboard_port: int | None = None,
     extra_env: dict[str, str] | None = None,
     timeout_s: float = 90.0,
+    node_ip: str = LOOPBACK,
 ) -> LocalRayHead:
     """Start a new head (fails if one registered in ``temp_dir`` is still running).
 
     ``num_cpus`` bounds how many tasks run at once (2 suits a 2-core laptop); ``memory_mb``
     is the memory Ray schedules tasks against (default: half of this machine's RAM); the object
     store is small because stages exchange paths, not tensors. ``dashboard_port`` None means 8265
-    when free, else any free port; 0 means any free port.
+    when free, else any free port; 0 means any free port. ``node_ip`` is another loopback address
+    (127.0.0.2, ...) for a head that other nodes on this machine join: Ray's multi-node mode
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1``) swaps 127.0.0.1 itself for the machine's external
+    address, but keeps any other address of 127.0.0.0/8.
     """
+    if not node_ip.startswith("127."):
+        raise ValueError(f"node_ip ({node_ip}) must be a loopback address (127.x.y.z): the embedded head is local")
     temp = _temp_dir(temp_dir)
     with _registry_lock(temp):
         running = _read_registry(temp)
@@ -153,40 +238,102 @@ def start_local_head(
             raise LocalRayError(f"a local Ray head is already running at {running.address} (temp dir {temp})")
         if running is not None:
             running.stop()
-        return _start(temp, num_cpus, num_gpus, object_store_mb, memory_mb, dashboard_port, extra_env, timeout_s)
+        return _start(
+            temp, num_cpus, num_gpus, object_store_mb, memory_mb, dashboard_port, extra_env, timeout_s, node_ip=node_ip
+        )
 
 
 def find_local_head(temp_dir: str | os.PathLike | None = None) -> LocalRayHead | None:
     """The head registered in ``temp_dir`` if it is still running and answering, else None."""
     temp = _temp_dir(temp_dir)
-    head = _read_registry(temp)
+    with _registry_lock(temp):
+        head = _read_registry(temp)
     if head is None or not head.is_alive():
         return None
     return head
 
 
 def ensure_local_head(temp_dir: str | os.PathLike | None = None, **start_kwargs) -> LocalRayHead:
-    """Reuse the running head in ``temp_dir`` or start one (``started_here`` tells which)."""
+    """Reuse the running head in ``temp_dir`` or start one (``started_here`` tells which).
+
+    This process takes a lease on it (given up by :func:`local_ray_head`'s exit, or when the
+    process ends), so a :func:`local_ray_head` elsewhere does not stop it under this process.
+    """
     temp = _temp_dir(temp_dir)
     with _registry_lock(temp):
-        head = _read_registry(temp)
-        if head is not None and head.is_alive():
-            log.info("reusing the local Ray head at %s", head.address)
-            return head
-        if head is not None:
-            head.stop()  # a half-dead head (e.g. its dashboard crashed): clear what is left of it
-        return _start(temp, **_start_defaults(start_kwargs))
+        return _ensure(temp, start_kwargs, managed=False)
 
 
 @contextlib.contextmanager
 def local_ray_head(temp_dir: str | os.PathLike | None = None, **start_kwargs) -> Iterator[LocalRayHead]:
-    """Ensure a head for the ``with`` block; stop it afterwards only if this call started it."""
-    head = ensure_local_head(temp_dir, **start_kwargs)
+    """A head for the ``with`` block: reused, or started; stopped at the end of the last block using it.
+
+    A head this call starts is stopped when no process holds a lease on it any more, whichever
+    run ends last; a head started otherwise (``start_local_head``, a deployment's flow run) is
+    left running.
+    """
+    temp = _temp_dir(temp_dir)
+    with _registry_lock(temp):
+        head = _ensure(temp, start_kwargs, managed=True)
     try:
         yield head
     finally:
-        if head.started_here:
-            head.stop()
+        with _registry_lock(temp):
+            _release_lease(temp)
+            current = _read_registry(temp)
+            if current is not None and current.pid == head.pid and current.managed and not _live_leases(temp):
+                current.stop()
+
+
+@contextlib.contextmanager
+def ray_driver(head: LocalRayHead) -> Iterator[None]:
+    """This process as a Ray driver of ``head`` for the block (``ray.init`` with its token), then disconnected.
+
+    The head's client settings (address, token file, loopback-only mode) are in this process's
+    environment only for the block, so other clients of this process are not changed.
+    """
+    import ray
+    from ray._private import ray_constants
+
+    saved = {name: os.environ.get(name) for name in head.client_env()}
+    clusters_enabled = ray_constants.ENABLE_RAY_CLUSTER
+    # Ray reads these settings when it is imported; a process that imported it before (a test
+    # session, a notebook) is brought up to date the way Ray itself does it when it turns token
+    # auth on: refresh its config and its token cache. Without the local-only switch Ray swaps
+    # 127.0.0.1 for the machine's external address.
+    os.environ.update(head.client_env())
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    _refresh_ray_auth()
+    try:
+        ray.init(address=head.gcs_address, log_to_driver=False)
+        try:
+            yield
+        finally:
+            ray.shutdown()
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = clusters_enabled
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        _refresh_ray_auth()
+
+
+def _refresh_ray_auth() -> None:
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def check_temp_dir(temp_dir: str | os.PathLike | None = None) -> Path:
+    """The head's temp dir, refused (UnsafeTempDirError) if Ray cannot use it or others can write into it.
+
+    Cheap and writes nothing but the directory itself: what ``mazerl run`` and ``mazerl eval``
+    check before they start anything.
+    """
+    return _temp_dir(temp_dir)
 
 
 # --- internals ---------------------------------------------------------------------------
@@ -209,12 +356,74 @@ def _temp_dir(temp_dir: str | os.PathLike | None) -> Path:
     temp = Path(temp_dir) if temp_dir is not None else default_temp_dir()
     temp = temp.expanduser().absolute()
     if len(str(temp)) > MAX_TEMP_DIR_CHARS:
-        raise ValueError(
-            f"temp_dir ({temp}) is {len(str(temp))} characters; Ray's socket paths under it must stay below "
-            f"107 bytes, so use a directory of at most {MAX_TEMP_DIR_CHARS} characters (e.g. {default_temp_dir()})"
+        given = "temp_dir" if temp_dir is not None else f"TMPDIR ({tempfile.gettempdir()})"
+        short = Path("/tmp") / f"mazerl-ray-{os.getuid()}"
+        raise UnsafeTempDirError(
+            f"the local Ray head's temp dir {temp} is {len(str(temp))} characters, from {given}; Ray's socket paths "
+            f"under it must stay below 107 bytes, so it may have at most {MAX_TEMP_DIR_CHARS}: set TMPDIR to a "
+            f"shorter directory (e.g. export TMPDIR=/tmp, which gives {short})"
         )
-    temp.mkdir(mode=0o700, parents=True, exist_ok=True)
+    temp.mkdir(mode=PRIVATE_MODE, parents=True, exist_ok=True)
+    info = temp.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise UnsafeTempDirError(
+            f"the local Ray head's temp dir {temp} belongs to uid {info.st_uid}, not to you (uid {os.getuid()}), "
+            "or is not a directory: whoever owns it can replace the head's registry and token. Remove it, or set "
+            "TMPDIR to a directory of your own"
+        )
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o022:
+        raise UnsafeTempDirError(
+            f"the local Ray head's temp dir {temp} has mode {mode:04o}: other users can write into it and could "
+            f"have replaced the head's registry or token. Check it and remove it (rm -rf {temp}), or make it "
+            f"private again (chmod 700 {temp}), then run again"
+        )
     return temp
+
+
+def _ensure(temp: Path, start_kwargs: dict, managed: bool) -> LocalRayHead:
+    """Reuse the running head or start one (under the registry lock), and lease it to this process."""
+    head = _read_registry(temp)
+    if head is not None and head.is_alive():
+        log.info("reusing the local Ray head at %s", head.address)
+    else:
+        if head is not None:
+            head.stop()  # a half-dead head (e.g. its dashboard crashed): clear what is left of it
+        head = _start(temp, **_start_defaults(start_kwargs), managed=managed)
+    _take_lease(temp)
+    return head
+
+
+def _lease_name(pid: int) -> str | None:
+    """``<pid>-<start time>``: a recycled pid is not mistaken for the process that took the lease."""
+    import psutil  # a Ray dependency
+
+    try:
+        return f"{pid}-{int(psutil.Process(pid).create_time() * 1000)}"
+    except psutil.Error:
+        return None
+
+
+def _take_lease(temp: Path) -> None:
+    leases = temp / LEASES_NAME
+    leases.mkdir(mode=PRIVATE_MODE, exist_ok=True)
+    (leases / str(_lease_name(os.getpid()))).touch()
+
+
+def _release_lease(temp: Path) -> None:
+    _remove(temp / LEASES_NAME / str(_lease_name(os.getpid())))
+
+
+def _live_leases(temp: Path) -> list[str]:
+    """Leases of processes that still run; those of processes that ended are removed."""
+    live = []
+    for lease in sorted((temp / LEASES_NAME).glob("*-*")):
+        pid = lease.name.split("-", 1)[0]
+        if pid.isdigit() and _lease_name(int(pid)) == lease.name:
+            live.append(lease.name)
+        else:
+            _remove(lease)
+    return live
 
 
 @contextlib.contextmanager
@@ -237,8 +446,10 @@ def _start(
     dashboard_port: int | None,
     extra_env: dict[str, str] | None,
     timeout_s: float,
+    managed: bool = False,
+    node_ip: str = LOOPBACK,
 ) -> LocalRayHead:
-    import ray  # lazily: importing ray costs a second
+    from importlib.metadata import version
 
     if num_cpus < 1:
         raise ValueError(f"num_cpus ({num_cpus}) must be >= 1 so the head can run the job drivers and tasks")
@@ -259,17 +470,17 @@ def _start(
         "--head",
         "--block",
         "--disable-usage-stats",
-        f"--node-ip-address={LOOPBACK}",
+        f"--node-ip-address={node_ip}",
         f"--port={gcs_port}",
         "--include-dashboard=true",
-        f"--dashboard-host={LOOPBACK}",
+        f"--dashboard-host={node_ip}",
         f"--dashboard-port={dashboard_port}",
         f"--ray-client-server-port={client_port}",
         f"--metrics-export-port={metrics_port}",
         f"--dashboard-agent-listen-port={agent_port}",
         f"--num-cpus={num_cpus}",
         f"--object-store-memory={object_store_mb * 1024 * 1024}",
-        f"--temp-dir={temp}",
+        f"--temp-dir={temp / RAY_SUBDIR}",
     ]
     if num_gpus is not None:
         command.append(f"--num-gpus={num_gpus}")
@@ -278,7 +489,7 @@ def _start(
     command.append(f"--memory={memory_mb * 1024 * 1024}")
     env = _head_env(token_path, extra_env)
     log_path = temp / HEAD_LOG_NAME
-    address = f"http://{LOOPBACK}:{dashboard_port}"
+    address = f"http://{node_ip}:{dashboard_port}"
     log.info("starting a local Ray head at %s (temp dir %s, %d CPUs)", address, temp, num_cpus)
     with open(log_path, "w") as log_file:
         process = subprocess.Popen(
@@ -306,23 +517,33 @@ def _start(
         time.sleep(0.25)
     head = LocalRayHead(
         address=address,
-        gcs_address=f"{LOOPBACK}:{gcs_port}",
+        gcs_address=f"{node_ip}:{gcs_port}",
         temp_dir=temp,
         pid=process.pid,
         metrics_export_port=metrics_port,
-        ray_version=ray.__version__,
+        ray_version=version("ray"),  # not ray.__version__: importing ray would fix its settings too early
         started_here=True,
+        managed=managed,
     )
     _write_registry(head)
     return head
 
 
+def job_environment(environ: dict[str, str] | os._Environ) -> dict[str, str]:
+    """The part of ``environ`` a job may see: :data:`JOB_ENV_ALLOWED` and the names listed in MAZERL_JOB_ENV.
+
+    Named, not filtered by pattern: an outer cluster's RAY_ADDRESS or token, cloud credentials
+    and Hugging Face tokens stay out unless the user lists them.
+    """
+    extra = {name.strip() for name in environ.get(JOB_ENV_EXTRA_VAR, "").split(",") if name.strip()}
+    return {name: value for name, value in environ.items() if name in JOB_ENV_ALLOWED or name in extra}
+
+
 def _head_env(token_path: Path, extra_env: dict[str, str] | None) -> dict[str, str]:
-    """The head's environment, inherited by every job's entrypoint: this venv's python first on
-    PATH (entrypoints say ``python -m ...``), token auth on, loopback-only node address."""
-    env = dict(os.environ)
-    for inherited in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_API_SERVER_ADDRESS"):
-        env.pop(inherited, None)  # an outer cluster's settings must not leak into this head
+    """The head's environment, inherited by every job's entrypoint: the allow-listed part of this
+    process's, this venv's python first on PATH (entrypoints say ``python -m ...``), token auth on,
+    loopback-only node address."""
+    env = job_environment(os.environ)
     env.update(
         {
             "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
@@ -380,7 +601,7 @@ def _is_our_head_process(pid: int, temp: Path) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return _pid_alive(pid)  # no /proc (macOS): fall back to liveness
-    return f"--temp-dir={temp}".encode() in cmdline
+    return f"--temp-dir={temp / RAY_SUBDIR}".encode() in cmdline
 
 
 def _pid_alive(pid: int) -> bool:

@@ -1,7 +1,11 @@
-"""Readiness rows: (name, expected, found, ok), the shape every cluster check reports in.
+"""Readiness rows: (name, expected, found, ok, advisory), the shape every cluster check reports in.
 
 The rows go unchanged into a Prefect table artifact and an MLflow table, so they are plain
-strings and a bool; :meth:`ClusterReport.records` gives the list of dicts both accept.
+strings and bools; :meth:`ClusterReport.records` gives the list of dicts both accept.
+
+An *advisory* row reports a check that could not be made for a reason that does not endanger
+the run (an optional permission the flow pod lacks, say): it is shown, and logged as a
+warning, but never makes the cluster "not ready".
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ class CheckRow:
     expected: str
     found: str
     ok: bool
+    advisory: bool = False  # a failed advisory row is a warning, not a reason to stop
 
 
 @dataclass(frozen=True)
@@ -28,20 +33,26 @@ class ClusterReport:
 
     @property
     def ok(self) -> bool:
-        return bool(self.rows) and all(row.ok for row in self.rows)
+        return bool(self.rows) and not self.failures
 
     @property
     def failures(self) -> tuple[CheckRow, ...]:
-        return tuple(row for row in self.rows if not row.ok)
+        return tuple(row for row in self.rows if not row.ok and not row.advisory)
+
+    @property
+    def warnings(self) -> tuple[CheckRow, ...]:
+        """Advisory rows that did not pass: shown and logged, never blocking."""
+        return tuple(row for row in self.rows if not row.ok and row.advisory)
 
     def records(self) -> list[dict[str, object]]:
-        """``[{"name", "expected", "found", "ok"}, ...]`` for ``create_table_artifact`` and ``mlflow.log_table``."""
+        """``[{"name", "expected", "found", "ok", "advisory"}, ...]`` for ``create_table_artifact`` and ``mlflow.log_table``."""
         return [asdict(row) for row in self.rows]
 
     def markdown(self) -> str:
         lines = ["| check | expected | found | ok |", "| --- | --- | --- | --- |"]
         for row in self.rows:
-            cells = (row.name, row.expected, row.found, "yes" if row.ok else "**NO**")
+            verdict = "yes" if row.ok else ("advisory: no" if row.advisory else "**NO**")
+            cells = (row.name, row.expected, row.found, verdict)
             lines.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
         verdict = "ready" if self.ok else f"NOT ready ({len(self.failures)} failed)"
         return "\n".join([*lines, "", f"Cluster {self.address}: {verdict} in {self.seconds:.1f} s."])

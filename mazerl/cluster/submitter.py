@@ -10,6 +10,13 @@ What it guarantees (design section 4):
   a second one (the orchestrator crashed and was re-run; the job kept running). If this
   attempt's id already SUCCEEDED, its result is returned without running it again; if it
   failed, the resubmission gets the suffix ``-r<k>`` (Ray never reuses an id).
+- **One training per cluster.** A stage submitted with an ``identity`` (the train stage: its
+  settings digest and data root, :meth:`~mazerl.training.config.TrainConfig.identity`) also
+  looks at active jobs of the same stage from *other* pipeline runs (a new flow run started
+  after the worker pod crashed gets a new id, while the orphan still holds every GPU). One
+  with the same identity is the same training: it is re-attached to, and its metadata
+  (``JobOutcome.metadata``) says where it writes. Any other is refused with
+  :class:`JobConflictError`, naming the job and the command that stops it.
 - **Logs reach the caller.** The job's output is followed with ``tail_job_logs`` in a thread
   (falling back to polling ``get_job_logs`` from the last offset) and handed line by line to
   ``log`` from the caller's thread, so a Prefect run logger can be used directly.
@@ -19,8 +26,14 @@ What it guarantees (design section 4):
   address that stops answering (for longer than ``unreachable_grace_s``) ->
   :class:`RetryableJobError` naming the address; the training retry resumes from its checkpoint.
 - **Hung jobs are stopped.** With ``hang_timeout_s``, a RUNNING job whose progress probe
-  (default: the largest ``step N`` seen in its log; or :class:`CheckpointProbe`) does not
-  advance for that long is stopped and reported as retryable "hung". Works on any Ray cluster.
+  (default: :class:`~mazerl.training.progress.TrainingProgress`, the last ``step N/M:`` line
+  both training backends print) does not advance for that long is stopped and reported as
+  retryable "hung". Works on any Ray cluster.
+- **An expired HyperPod session is renewed.** The ``sagemaker_ray://`` toolkit fetches its
+  dashboard cookie once, when the client is built; a long wait outlives it. A 401/403 while
+  following a job on such an address rebuilds the client (the toolkit signs in again) and goes
+  on following the same job, its log from where it stopped. A new session that is refused at
+  once is a real access problem and raised as such.
 - **Cancelling the caller stops the job.** Any exception leaving :meth:`RayJob.wait` inside
   the ``with`` block (KeyboardInterrupt, task cancellation, an error in ``log``) stops the Ray
   job. A caller killed outright (SIGKILL) leaves it running, and the re-run re-attaches.
@@ -48,25 +61,31 @@ import shlex
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
 
 from mazerl.cluster.client import job_client, parse_address
-from mazerl.cluster.errors import ConfigError, JobConfigError, RetryableJobError
+from mazerl.cluster.errors import ClusterAccessError, ConfigError, JobConfigError, JobConflictError, RetryableJobError
+from mazerl.training.progress import TrainingProgress
 
 logger = logging.getLogger(__name__)
 
 META_RUN = "mazerl_pipeline_run"
 META_STAGE = "mazerl_stage"
 META_ATTEMPT = "mazerl_attempt"
+META_IDENTITY_PREFIX = "mazerl_id_"  # identity keys, e.g. mazerl_id_config_digest, mazerl_id_data_root
+IDENTITY_MATCH = ("config_digest", "data_root")  # what makes another run's job the same training
+META_MEMORY = "mazerl_entrypoint_memory"  # the bytes of memory the job asked Ray for
 ACTIVE = frozenset({"PENDING", "RUNNING"})
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 CONFIG_ERROR_EXIT_CODE = 2
 _ID_CHARS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _EXIT_CODE = re.compile(r"exit code (-?\d+)")
+_AUTH_REFUSED = re.compile(r"status code 40[13]\b")  # Ray's job client: "Request failed with status code 401"
+SESSION_MIN_S = 10.0  # a session refused sooner than this after renewal was not an expiry
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 LogFn = Callable[[str], None]
@@ -83,6 +102,7 @@ class JobOutcome:
     duration_s: float
     log_lines: int
     message: str
+    metadata: dict[str, str] = field(default_factory=dict)  # the followed job's (another run's, if re-attached)
 
 
 # --- ids, entrypoints, runtime envs ------------------------------------------------------
@@ -151,47 +171,6 @@ def _merged_runtime_env(runtime_env: dict[str, Any] | None, env_vars: dict[str, 
     return merged or None
 
 
-# --- progress probes ----------------------------------------------------------------------
-
-
-class LogStepProbe:
-    """Progress = the largest step number seen so far in the job's log lines.
-
-    The submitter feeds it every line (anything with a ``feed`` method is fed). The default
-    pattern matches ``step 12``, ``step=12``, ``global_step: 12``.
-    """
-
-    def __init__(self, pattern: str = r"\b(?:global_)?step[\s=:]+(\d+)"):
-        self._pattern = re.compile(pattern, re.IGNORECASE)
-        self._step: int | None = None
-
-    def feed(self, line: str) -> None:
-        for match in self._pattern.finditer(line):
-            step = int(match.group(1))
-            if self._step is None or step > self._step:
-                self._step = step
-
-    def __call__(self) -> int | None:
-        return self._step
-
-
-class CheckpointProbe:
-    """Progress = the step named by the checkpoint marker (``latest_ckpt_global_step.txt``).
-
-    Only for a checkpoint directory this process can read (the embedded run, or a client
-    with the shared mount); otherwise use the log probe.
-    """
-
-    def __init__(self, checkpoint_dir: str | Path, marker: str = "latest_ckpt_global_step.txt"):
-        self._marker = Path(checkpoint_dir) / marker
-
-    def __call__(self) -> int | None:
-        try:
-            return int(self._marker.read_text().strip())
-        except (OSError, ValueError):
-            return None
-
-
 # --- the job ------------------------------------------------------------------------------
 
 
@@ -222,6 +201,8 @@ class RayJob:
         unreachable_grace_s: float = 20.0,
         entrypoint_num_cpus: float | None = None,
         entrypoint_num_gpus: float | None = None,
+        entrypoint_memory: int | None = None,
+        identity: dict[str, str] | None = None,
     ):
         if not isinstance(entrypoint, str) or not entrypoint.strip():
             raise ConfigError(
@@ -231,7 +212,9 @@ class RayJob:
             raise ConfigError(f"hang_timeout_s ({hang_timeout_s}) must be > 0 seconds, or None to disable the watchdog")
         if not poll_s > 0 or unreachable_grace_s < 0:
             raise ConfigError(f"poll_s ({poll_s}) must be > 0 and unreachable_grace_s ({unreachable_grace_s}) >= 0")
-        self.address = parse_address(address).value
+        parsed = parse_address(address)
+        self.address = parsed.value
+        self._renews_sessions = parsed.is_sagemaker  # its session cookie expires; a new client gets a new one
         if runtime_env == "auto":
             runtime_env = runtime_env_for(self.address)
         self.entrypoint = entrypoint
@@ -243,11 +226,14 @@ class RayJob:
         self.headers = dict(headers) if headers else None
         self.log: LogFn = log or logger.info
         self.hang_timeout_s = hang_timeout_s
-        self.progress_probe = progress_probe or (LogStepProbe() if hang_timeout_s else None)
+        self.progress_probe = progress_probe or (TrainingProgress() if hang_timeout_s else None)
         self.poll_s = poll_s
         self.unreachable_grace_s = unreachable_grace_s
         self.entrypoint_num_cpus = entrypoint_num_cpus
         self.entrypoint_num_gpus = entrypoint_num_gpus
+        self.entrypoint_memory = entrypoint_memory  # bytes: Ray starts the job on a node that has them
+        self.identity = dict(identity) if identity is not None else None
+        self.metadata: dict[str, str] = {}
         self.submission_id: str | None = None
         self.reattached = False
         self._client = None
@@ -259,6 +245,7 @@ class RayJob:
         self._started_at = time.monotonic()
         self._progress_value: object = None
         self._progress_since: float | None = None
+        self._session_renewed_at: float | None = None
 
     # context manager: leaving the block with an exception stops the job
     def __enter__(self) -> RayJob:
@@ -286,8 +273,19 @@ class RayJob:
             done = next((j for j in mine if j.submission_id == self.base_submission_id), None)
             if done is not None and _status(done) == "SUCCEEDED":
                 self.submission_id, self.reattached, self._already_succeeded = done.submission_id, True, True
+                self.metadata = _meta(done)
                 self.log(f"job {done.submission_id} at {self.address} already SUCCEEDED; not running it again")
                 return done.submission_id
+            if self.identity is not None:
+                others = [
+                    j
+                    for j in jobs
+                    if _meta(j).get(META_STAGE) == self.stage
+                    and _meta(j).get(META_RUN) != self.pipeline_run_id
+                    and _status(j) in ACTIVE
+                ]
+                if others:
+                    return self._attach_other_run(sorted(others, key=lambda j: j.start_time or 0))
             taken = {j.submission_id for j in jobs}
             submission_id, k = self.base_submission_id, 0
             while submission_id in taken:
@@ -312,6 +310,9 @@ class RayJob:
         if self._already_succeeded:
             self._finished = True
             return self._outcome("SUCCEEDED", "already succeeded")
+        follow = getattr(self.progress_probe, "follow", None)
+        if follow is not None:  # where the followed job writes (another run's directory, if re-attached)
+            follow(self.metadata)
         self._follower = _LogFollower(self._client, self.submission_id, self.poll_s)
         self._follower.start()
         last_answer = time.monotonic()
@@ -321,18 +322,23 @@ class RayJob:
             try:
                 info = self._client.get_job_info(self.submission_id)
                 last_answer = now
-            except RuntimeError as exc:
-                if "does not exist" in str(exc) or "status code 404" in str(exc):
+            except Exception as exc:  # noqa: BLE001 - sorted below; anything unknown is re-raised
+                if self._renews_sessions and _auth_refused(exc):
+                    try:
+                        self._renew_session(exc)
+                        last_answer = now
+                        continue
+                    except RetryableJobError as outage:  # the token service is down for now: keep trying
+                        exc = outage  # noqa: PLW2901
+                elif isinstance(exc, RuntimeError) and ("does not exist" in str(exc) or "status code 404" in str(exc)):
                     self._finished = True
                     raise RetryableJobError(
                         f"job {self.submission_id} disappeared from Ray at {self.address} (head restarted?): {exc}",
                         address=self.address,
                         submission_id=self.submission_id,
                     ) from None
-                last_answer = self._tolerate_outage(exc, last_answer, now)
-                time.sleep(self.poll_s)
-                continue
-            except OSError as exc:  # connection refused/reset: requests' errors are OSErrors
+                elif not isinstance(exc, RuntimeError | OSError):  # OSError: connection refused/reset
+                    raise
                 last_answer = self._tolerate_outage(exc, last_answer, now)
                 time.sleep(self.poll_s)
                 continue
@@ -381,7 +387,12 @@ class RayJob:
             options["entrypoint_num_cpus"] = self.entrypoint_num_cpus
         if self.entrypoint_num_gpus is not None:
             options["entrypoint_num_gpus"] = self.entrypoint_num_gpus
+        if self.entrypoint_memory is not None:
+            options["entrypoint_memory"] = int(self.entrypoint_memory)
         metadata = {META_RUN: self.pipeline_run_id, META_STAGE: self.stage, META_ATTEMPT: str(self.attempt)}
+        metadata |= {META_IDENTITY_PREFIX + key: str(value) for key, value in (self.identity or {}).items()}
+        if self.entrypoint_memory is not None:  # Ray's job listing does not show it; operators and tests can
+            metadata[META_MEMORY] = str(int(self.entrypoint_memory))
         self._call(
             self._client.submit_job,
             entrypoint=self.entrypoint,
@@ -390,7 +401,7 @@ class RayJob:
             metadata=metadata,
             **options,
         )
-        self.submission_id = submission_id
+        self.submission_id, self.metadata = submission_id, metadata
         self.log(f"submitted Ray job {submission_id} to {self.address}: {self.entrypoint}")
 
     def _attach(self, active: list) -> str:
@@ -398,12 +409,42 @@ class RayJob:
         for extra in extras:  # two trainers on one checkpoint dir would corrupt it
             self._call(self._client.stop_job, extra.submission_id)
             self.log(f"stopped duplicate Ray job {extra.submission_id} of pipeline run {self.pipeline_run_id}")
-        self.submission_id, self.reattached = keep.submission_id, True
+        self.submission_id, self.reattached, self.metadata = keep.submission_id, True, _meta(keep)
         self.log(
             f"re-attached to {_status(keep)} Ray job {keep.submission_id} of pipeline run {self.pipeline_run_id} "
             f"at {self.address} instead of submitting a second one"
         )
         return keep.submission_id
+
+    def _attach_other_run(self, others: list) -> str:
+        """Follow another pipeline run's job of this stage if it is the same training, else refuse."""
+        same = [j for j in others if all(_identity(j).get(k) == self.identity.get(k) for k in IDENTITY_MATCH)]
+        if same:
+            keep = same[-1]
+            self.submission_id, self.reattached, self.metadata = keep.submission_id, True, _meta(keep)
+            self.log(
+                f"re-attached to {_status(keep)} Ray job {keep.submission_id} of pipeline run "
+                f"{_meta(keep).get(META_RUN)} at {self.address}: the same training (settings digest "
+                f"{self.identity.get('config_digest', '?')[:12]}, data root {self.identity.get('data_root')}) "
+                "started by an earlier flow run; following it instead of starting a second one"
+            )
+            return keep.submission_id
+        other = others[-1]
+        theirs = _identity(other)
+        differs = (
+            "no identity recorded"
+            if not theirs
+            else ", ".join(f"{k} {theirs.get(k)!r} vs ours {self.identity.get(k)!r}" for k in IDENTITY_MATCH)
+        )
+        raise JobConflictError(
+            f"Ray job {other.submission_id} ({_status(other)}, pipeline run {_meta(other).get(META_RUN)}) is another "
+            f"mazerl {self.stage} job on {self.address} ({differs}); a second one would wait for the GPUs it holds "
+            f"until Ray gives up. Let it finish, or stop it with: ray job stop {other.submission_id} --address "
+            f"{self.address}; then retry this flow run (a retried flow run re-attaches to its own job; a new flow "
+            "run of the same training re-attaches too)",
+            address=self.address,
+            submission_id=other.submission_id,
+        )
 
     def _call(self, fn: Callable, *args, **kwargs):
         """A client call whose connection failure becomes a retryable error naming the address."""
@@ -417,6 +458,33 @@ class RayJob:
             if "already exists" in str(exc):
                 raise  # a concurrent submission of the same id: start() looks again
             raise RetryableJobError(f"Ray at {self.address} refused the request: {exc}", address=self.address) from None
+        except Exception as exc:
+            if _auth_refused(exc):
+                raise ClusterAccessError(
+                    f"Ray at {self.address} refused this client's credentials: {str(exc).splitlines()[0]}"
+                ) from None
+            raise
+
+    def _renew_session(self, reason: Exception) -> None:
+        """A 401/403 on a ``sagemaker_ray://`` address: sign in again, keep following the same job."""
+        now = time.monotonic()
+        if self._session_renewed_at is not None and now - self._session_renewed_at < SESSION_MIN_S:
+            self._finished = True
+            raise ClusterAccessError(
+                f"Ray at {self.address} refused a session renewed {now - self._session_renewed_at:.0f} s ago while "
+                f"following job {self.submission_id} ({str(reason)[:200]}); check the HyperPod access of these "
+                "credentials. The job keeps running: retry the flow run to follow it again"
+            ) from None
+        client = job_client(self.address, self.headers)  # the toolkit fetches a new session cookie
+        self._drain_logs()
+        skip = self._follower.abandon() if self._follower is not None else 0
+        self._client, self._session_renewed_at = client, now
+        self._follower = _LogFollower(self._client, self.submission_id, self.poll_s, skip_chars=skip)
+        self._follower.start()
+        self.log(
+            f"the session to {self.address} expired ({str(reason)[:80]}); signed in again, still following "
+            f"job {self.submission_id}"
+        )
 
     def _tolerate_outage(self, exc: Exception, last_answer: float, now: float) -> float:
         if now - last_answer > self.unreachable_grace_s:
@@ -501,6 +569,7 @@ class RayJob:
             duration_s=time.monotonic() - self._started_at,
             log_lines=self._lines,
             message=message,
+            metadata=dict(self.metadata),
         )
 
 
@@ -554,6 +623,18 @@ def _meta(job) -> dict[str, str]:
     return job.metadata or {}
 
 
+def _identity(job) -> dict[str, str]:
+    return {
+        k.removeprefix(META_IDENTITY_PREFIX): v for k, v in _meta(job).items() if k.startswith(META_IDENTITY_PREFIX)
+    }
+
+
+def _auth_refused(exc: Exception) -> bool:
+    """A 401/403 from the job API: Ray >= 2.5x raises AuthenticationError, older clients a
+    RuntimeError naming the status code."""
+    return type(exc).__name__ == "AuthenticationError" or bool(_AUTH_REFUSED.search(str(exc)))
+
+
 def _exit_code(info) -> int | None:
     """Ray >= 2.4x reports ``driver_exit_code``; older servers only say it in the message."""
     code = getattr(info, "driver_exit_code", None)
@@ -572,7 +653,7 @@ class _LogFollower(threading.Thread):
     :meth:`finish` stops waiting for it and fetches the remainder itself.
     """
 
-    def __init__(self, client, submission_id: str, poll_s: float):
+    def __init__(self, client, submission_id: str, poll_s: float, skip_chars: int = 0):
         super().__init__(name=f"ray-logs-{submission_id}", daemon=True)
         self.client = client
         self.submission_id = submission_id
@@ -582,6 +663,7 @@ class _LogFollower(threading.Thread):
         self._lock = threading.Lock()
         self._abandoned = False
         self._seen_chars = 0
+        self._skip = skip_chars  # characters an earlier follower of this job already handed out
         self._partial = ""
 
     def run(self) -> None:
@@ -606,6 +688,16 @@ class _LogFollower(threading.Thread):
             if self._partial:
                 self.lines.put(self._partial.rstrip("\r"))
                 self._partial = ""
+
+    def abandon(self) -> int:
+        """Stop taking output (a new follower takes over); returns how many characters of the log
+        were handed out as complete lines, so the successor starts right after them."""
+        with self._lock:
+            self._abandoned = True
+            # _seen_chars counts from the log's start; while still skipping, nothing was handed out yet
+            handed_out = self._seen_chars + self._skip - len(self._partial)
+            self._partial = ""
+            return handed_out
 
     async def _tail(self) -> None:
         async for chunk in self.client.tail_job_logs(self.submission_id):
@@ -634,6 +726,9 @@ class _LogFollower(threading.Thread):
 
     def _take_locked(self, chunk: str) -> None:
         self._seen_chars += len(chunk)
+        if self._skip:
+            dropped = min(self._skip, len(chunk))
+            chunk, self._skip = chunk[dropped:], self._skip - dropped
         *complete, self._partial = (self._partial + chunk).split("\n")
         for line in complete:
             self.lines.put(line.rstrip("\r"))

@@ -15,11 +15,16 @@ The checks:
   ``ray.version`` (same major version as this client, >= 2.52 for token auth),
   ``ray.nodes`` (enough ALIVE nodes), ``ray.dead_nodes`` (every DEAD node replaced),
   ``ray.gpus`` (enough GPUs in total), ``ray.gpu_placement`` (enough nodes with the GPUs
-  per node the placement needs), ``storage.shared`` (a probe file written on each alive node
+  per node the placement needs), ``ray.eval_placement`` (all eval workers, with their GPUs,
+  fit at once: the eval waits for every one of them), ``storage.shared`` (a probe file written on each alive node
   is read back by the next), ``storage.free_space`` (free bytes under the data root on every
-  node), ``inputs.base_model`` (config, weights, processor, tokenizer readable on a worker).
+  node), ``inputs.base_model`` (config, weights, processor, tokenizer readable on a worker),
+  ``ray.merge_memory`` (a node whose Ray memory holds the merge job, see
+  :mod:`mazerl.tracking.merge_memory`).
 - ``inputs.eval_set``: the eval set loads and its digest verifies (here, in this process).
-- ``hyperpod.*`` when a HyperPod cluster name is given (:mod:`mazerl.cluster.hyperpod`).
+- ``hyperpod.*`` when a HyperPod cluster name is given (:mod:`mazerl.cluster.hyperpod`);
+  advisory (shown, never blocking) when the SageMaker API cannot be asked from here: no IAM
+  identity, no ``AWS_REGION``, a missing permission, no route to the API.
 
 A failure early on (address unreachable) skips the Ray rows that depend on it instead of
 waiting on timeouts; the independent rows still run.
@@ -36,11 +41,16 @@ from typing import Any, Literal
 
 from mazerl.cluster.client import job_client, parse_address
 from mazerl.cluster.errors import ConfigError, RetryableJobError
-from mazerl.cluster.probe import RESULT_PREFIX
+from mazerl.cluster.probe import RESULT_PREFIX, node_name
 from mazerl.cluster.report import CheckRow, ClusterReport
 from mazerl.cluster.submitter import TERMINAL, runtime_env_for
 
 GIB = 1024**3
+HYPERPOD_ACCESS_HINT = (
+    "The run goes on without HyperPod's node health (the Ray rows above decide readiness). To turn it on, "
+    "give the flow-run pods' service account an EKS Pod Identity association with a role that allows "
+    "sagemaker:DescribeCluster and sagemaker:ListClusterNodes, and set AWS_REGION in their env (docs/hyperpod.md)"
+)
 MIN_RAY_VERSION = (2, 52)  # token authentication
 # Free space to ask for when the caller gives none: the merged model is a full copy of the
 # base weights; LoRA checkpoints (adapter + its optimizer state, a few percent of the base
@@ -48,11 +58,12 @@ MIN_RAY_VERSION = (2, 52)  # token authentication
 FREE_SPACE_FACTOR = 1.25
 
 
-def requirements_for(config) -> dict[str, int]:
+def requirements_for(config, local_gpus: int = 0) -> dict[str, int]:
     """The placement a :class:`~mazerl.training.config.TrainConfig` needs, as ``verify_cluster`` kwargs.
 
-    local: one node, no GPUs. skyrl: ``num_nodes`` nodes with ``num_gpus`` GPUs each (FSDP
-    workers and colocated vLLM engines, ``engines x tensor_parallel_size`` GPUs in all).
+    local: one node, with ``local_gpus`` GPUs (the pipeline's ``local_train_gpus``). skyrl:
+    ``num_nodes`` nodes with ``num_gpus`` GPUs each (FSDP workers and colocated vLLM engines,
+    ``engines x tensor_parallel_size`` GPUs in all).
     """
     if config.backend == "skyrl":
         return {
@@ -60,7 +71,7 @@ def requirements_for(config) -> dict[str, int]:
             "required_gpus": config.skyrl.num_gpus * config.skyrl.num_nodes,
             "gpus_per_node": config.skyrl.num_gpus,
         }
-    return {"required_nodes": 1, "required_gpus": 0, "gpus_per_node": 0}
+    return {"required_nodes": 1, "required_gpus": local_gpus, "gpus_per_node": local_gpus}
 
 
 def verify_cluster(
@@ -71,6 +82,8 @@ def verify_cluster(
     required_gpus: int = 0,
     gpus_per_node: int = 0,
     required_free_bytes: int | None = None,
+    eval_workers: int = 0,
+    eval_gpus_per_worker: float = 0.0,
     base_model: str | None = None,
     eval_set: str | None = None,
     headers: dict[str, str] | None = None,
@@ -96,6 +109,11 @@ def verify_cluster(
             raise ConfigError(f"{name} ({value!r}) must be an integer >= 0")
     if required_nodes < 1:
         raise ConfigError(f"required_nodes ({required_nodes}) must be >= 1: the head is a node")
+    if not isinstance(eval_workers, int) or eval_workers < 0 or not eval_gpus_per_worker >= 0:
+        raise ConfigError(
+            f"eval_workers ({eval_workers!r}) must be an integer >= 0 and eval_gpus_per_worker "
+            f"({eval_gpus_per_worker!r}) a number >= 0"
+        )
     if not data_root or not str(data_root).startswith("/"):
         raise ConfigError(
             f"data_root ({data_root!r}) must be an absolute path as the cluster's nodes see it, e.g. /shared"
@@ -114,8 +132,10 @@ def verify_cluster(
         if probe is not None:
             rows.extend(
                 _ray_rows(probe, required_nodes, required_gpus, gpus_per_node)
+                + _eval_rows(probe, eval_workers, eval_gpus_per_worker)
                 + _storage_rows(probe, str(data_root), required_free_bytes)
                 + _model_rows(probe)
+                + _merge_rows(probe)
             )
     if eval_set:
         rows.append(_eval_set_row(eval_set))
@@ -209,7 +229,7 @@ def _ray_rows(probe: dict, required_nodes: int, required_gpus: int, gpus_per_nod
             len(alive) >= required_nodes,
         )
     )
-    dead_text = ", ".join(n["address"] for n in dead[:8]) + (" ..." if len(dead) > 8 else "")
+    dead_text = ", ".join(node_name(n) for n in dead[:8]) + (" ..." if len(dead) > 8 else "")
     rows.append(
         CheckRow(
             "ray.dead_nodes",
@@ -229,7 +249,7 @@ def _ray_rows(probe: dict, required_nodes: int, required_gpus: int, gpus_per_nod
     )
     if gpus_per_node > 0:
         fitting = [n for n in alive if n["gpus"] >= gpus_per_node]
-        per_node = ", ".join(f"{n['address']}: {n['gpus']:g}" for n in alive if n["gpus"] > 0) or "no GPU nodes"
+        per_node = ", ".join(f"{node_name(n)}: {n['gpus']:g}" for n in alive if n["gpus"] > 0) or "no GPU nodes"
         rows.append(
             CheckRow(
                 "ray.gpu_placement",
@@ -239,6 +259,37 @@ def _ray_rows(probe: dict, required_nodes: int, required_gpus: int, gpus_per_nod
             )
         )
     return rows
+
+
+def actors_that_fit(nodes: list[dict], gpus: float, cpus: float = 1.0) -> dict[str, int]:
+    """How many actors of ``{GPU: gpus, CPU: cpus}`` each ALIVE node can hold at once (by its totals)."""
+    fit = {}
+    for node in nodes:
+        if not node["alive"]:
+            continue
+        by_gpu = int(node["gpus"] // gpus + 1e-9) if gpus > 0 else None
+        by_cpu = int(node.get("cpus", 0) // cpus + 1e-9) if cpus > 0 else None
+        counts = [c for c in (by_gpu, by_cpu) if c is not None]
+        fit[node_name(node)] = min(counts) if counts else 0
+    return fit
+
+
+def _eval_rows(probe: dict, workers: int, gpus: float) -> list[CheckRow]:
+    """The eval stage starts all its workers at once and waits for every one to load the model,
+    so they must all fit together; otherwise the eval job waits for resources forever."""
+    if workers == 0:
+        return []
+    fit = actors_that_fit(probe.get("nodes", []), gpus)
+    room = sum(fit.values())
+    per_node = ", ".join(f"{address}: {count}" for address, count in fit.items() if count) or "none anywhere"
+    return [
+        CheckRow(
+            "ray.eval_placement",
+            f"{workers} eval workers of {gpus:g} GPU + 1 CPU each fit at once",
+            f"room for {room} ({per_node})",
+            room >= workers,
+        )
+    ]
 
 
 def _storage_rows(probe: dict, data_root: str, required_free_bytes: int | None) -> list[CheckRow]:
@@ -298,6 +349,28 @@ def _model_rows(probe: dict) -> list[CheckRow]:
     ]
 
 
+def _merge_rows(probe: dict) -> list[CheckRow]:
+    """The merge job asks Ray for a whole model copy's memory; a cluster where no node has it would
+    leave the job pending until Ray gives up, after all the training."""
+    from mazerl.tracking.merge_memory import merge_memory
+
+    model = probe.get("base_model") or {}
+    if not model.get("weights_bytes"):
+        return []
+    need = merge_memory(int(model["weights_bytes"]))
+    alive = [n for n in probe.get("nodes", []) if n["alive"]]
+    roomy = [n for n in alive if n.get("memory_bytes", 0) >= need.total_bytes]
+    largest = max((n.get("memory_bytes", 0) for n in alive), default=0)
+    found = (
+        f"{len(roomy)} such nodes (e.g. {node_name(roomy[0])}: {roomy[0]['memory_bytes'] / GIB:.0f} GiB)"
+        if roomy
+        else f"none: the largest offers {largest / GIB:.1f} GiB to Ray"
+    )
+    return [
+        CheckRow("ray.merge_memory", f"a node with Ray memory >= {need.describe()} for merge_lora", found, bool(roomy))
+    ]
+
+
 def _eval_set_row(name: str) -> CheckRow:
     from envs import evalset
 
@@ -310,12 +383,22 @@ def _eval_set_row(name: str) -> CheckRow:
 
 
 def _hyperpod_rows(cluster: str, region: str | None, client: Any) -> list[CheckRow]:
-    from mazerl.cluster.hyperpod import check_hyperpod
+    """HyperPod's own view of the nodes. Optional: the Ray rows already say whether the cluster
+    can run the job, so when the SageMaker API cannot be asked at all (a flow pod without an IAM
+    identity, region or permission; no route to the API) the row is advisory. A wrong cluster
+    name, or an answer that shows failed nodes, still stops the run."""
+    from mazerl.cluster.hyperpod import HyperPodAccessError, HyperPodClusterNotFound, check_hyperpod
 
+    expected = f"HyperPod cluster {cluster} readable and InService"
     try:
         return check_hyperpod(cluster, region=region, client=client)
-    except (ConfigError, RetryableJobError) as exc:
-        return [CheckRow("hyperpod.cluster", f"HyperPod cluster {cluster} readable and InService", str(exc), False)]
+    except HyperPodClusterNotFound as exc:
+        return [CheckRow("hyperpod.cluster", expected, str(exc), False)]
+    except (HyperPodAccessError, RetryableJobError) as exc:
+        found = f"not checked: {exc}. {HYPERPOD_ACCESS_HINT}"
+        return [CheckRow("hyperpod.cluster", expected, found, False, advisory=True)]
+    except ConfigError as exc:
+        return [CheckRow("hyperpod.cluster", expected, str(exc), False)]
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:

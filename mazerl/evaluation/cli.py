@@ -1,14 +1,31 @@
-"""``mazerl eval --model DIR``: the eval stage alone, with a progress bar."""
+"""``mazerl eval --model DIR``: the eval stage alone, with a progress bar.
+
+Every flag is checked first (the model directory as the pipeline's preflight reads it: no
+weights, no code), so a bad one is refused in seconds with exit code 2, before Ray starts or
+the model loads, and nothing is written. Without ``--ray-address`` the eval runs on the
+embedded loopback-only Ray head (token auth), started if none runs and stopped when the last
+command using it ends. Exit codes: 0 done, 2 a bad flag, 1 a failure during the eval.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+STARTER_RECORD = "starter.json"  # mazerl.policy.starter.RECORD_FILE, without importing torch to read it
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 def _history(value: str) -> int | str:
-    return value if value == "all" else int(value)
+    if value == "all":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not 'all' or an integer") from None
 
 
 def add_eval_command(subparsers: argparse._SubParsersAction) -> None:
@@ -25,7 +42,9 @@ def add_eval_command(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", default=None, help="output directory; default <data root>/evals/<model>/<set>")
     parser.add_argument("--gifs", type=int, default=4, help="episode GIFs to write (half solved, half failed)")
     parser.add_argument("--max-mazes", type=int, default=None, help="evaluate only the first N mazes")
-    parser.add_argument("--ray-address", default=None, help="Ray cluster address; default: a local Ray for this call")
+    parser.add_argument(
+        "--ray-address", default=None, help="Ray cluster address; default: the embedded local head (loopback only)"
+    )
     parser.add_argument("--history-images", type=_history, default=None, help="'all' or K; default: the model's")
     parser.add_argument(
         "--history-text", type=_history, default=None, help="'all' or K past exchanges; default: the model's"
@@ -35,20 +54,70 @@ def add_eval_command(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run_eval_command)
 
 
-def run_eval_command(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+def check_eval_flags(args: argparse.Namespace) -> tuple[Path, str, Path]:
+    """(model dir, eval set, output dir) once every flag is known to work; raises ValueError naming the flag.
 
-    from envs.evalset import DEFAULT_EVAL_SET
+    The cheap checks come first; reading the model's config imports transformers (and torch).
+    """
+    from envs.evalset import DEFAULT_EVAL_SET, SPECS, EvalSetError, load
     from mazerl import paths
-    from mazerl.evaluation import evaluate
-    from mazerl.policy.starter import RECORD_FILE
+    from mazerl.preflight import InputError, check_base_model, check_data_root, check_ray_address
 
+    for flag, value, minimum in (
+        ("--workers", args.workers, 1),
+        ("--max-mazes", args.max_mazes, 1),
+        ("--max-new-tokens", args.max_new_tokens, 1),
+        ("--gifs", args.gifs, 0),
+    ):
+        if value is not None and value < minimum:
+            raise InputError(flag, f"{flag} {value} must be >= {minimum}")
+    if args.history_images is not None and args.history_images != "all" and args.history_images < 1:
+        raise InputError("--history-images", f"--history-images {args.history_images} must be 'all' or >= 1")
     model = Path(args.model).expanduser().resolve()
     eval_set = args.eval_set
     if eval_set is None:
-        record = model / RECORD_FILE
+        record = model / STARTER_RECORD
         eval_set = json.loads(record.read_text())["config"]["eval_set"] if record.is_file() else DEFAULT_EVAL_SET
-    out = args.out or paths.data_root(args.data_root) / "evals" / model.name / eval_set
+    if eval_set not in SPECS:
+        raise InputError("--eval-set", f"--eval-set {eval_set!r} is unknown; choose one of {sorted(SPECS)}")
+    try:
+        load(eval_set)
+    except EvalSetError as exc:
+        raise InputError("--eval-set", f"--eval-set {eval_set}: {exc}") from exc
+    if args.adapter is not None:
+        adapter = Path(args.adapter).expanduser()
+        missing = [name for name in ADAPTER_FILES if not (adapter / name).is_file()]
+        if missing:
+            raise InputError(
+                "--adapter",
+                f"--adapter {args.adapter} lacks {', '.join(missing)}; pass a PEFT adapter directory (a "
+                "checkpoint's policy/lora_adapter)",
+            )
+    out = Path(args.out).expanduser() if args.out else paths.data_root(args.data_root) / "evals" / model.name / eval_set
+    if out.exists() and not out.is_dir():
+        raise InputError("--out", f"--out {out} is a file; give a directory for the results (it may exist)")
+    check_data_root(out, field="--out")
+    if args.ray_address is not None:
+        check_ray_address(args.ray_address)
+    check_base_model(model, field="--model")
+    if args.ray_address is None:
+        from mazerl.cluster.ray_local import check_temp_dir
+
+        check_temp_dir()  # last: it makes the (private) directory when it is fine
+    return model, eval_set, out
+
+
+def run_eval_command(args: argparse.Namespace) -> int:
+    try:
+        model, eval_set, out = check_eval_flags(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+    from tqdm import tqdm
+
+    from mazerl.evaluation import evaluate
+
     bar = tqdm(total=0, unit="maze", desc=f"eval {model.name} on {eval_set}")
 
     def progress(done: int, total: int) -> None:
@@ -56,7 +125,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
         bar.n = done
         bar.refresh()
 
-    try:
+    try:  # without an address (and no RAY_ADDRESS) evaluate() uses the embedded head
         report = evaluate(
             model,
             adapter=args.adapter,
@@ -72,8 +141,15 @@ def run_eval_command(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens,
             progress=progress,
         )
-    finally:
+    except ValueError as exc:  # what only loading can find (a tokenizer without Qwen's tokens, ...)
         bar.close()
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as exc:
+        bar.close()
+        print(f"error: the eval failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    bar.close()
     low, high = report.success_ci95
     print(
         f"success {report.success_rate:.1%} ({report.solved}/{report.n}, 95% CI {low:.1%}-{high:.1%}), "
@@ -81,4 +157,4 @@ def run_eval_command(args: argparse.Namespace) -> int:
         f"{report.episodes_per_second:.1f} episodes/s, {report.wall_seconds:.1f} s"
     )
     print(f"wrote {report.summary_path}, {report.results_path} and {len(report.gif_paths)} GIFs")
-    return 0
+    return EXIT_OK

@@ -9,7 +9,9 @@ Writes ``results.jsonl`` (one line per maze, in set order), ``summary.json`` and
 
 Workers are Ray actors that load the policy once and play fixed chunks of the set, so the
 results are the same maze by maze whatever the number of workers. Without a running Ray
-(and no ``ray_address``) a local instance is started for the call and stopped after it.
+(and no ``ray_address``) the call runs on the embedded loopback-only head
+(:mod:`mazerl.cluster.ray_local`), started if none runs, never on a bare ``ray.init()``, which
+listens on every interface and writes an 0644 token into ``~/.ray``.
 """
 
 from __future__ import annotations
@@ -102,7 +104,14 @@ def default_history_text(model_dir: Path) -> int | str:
 
 
 def _check_arguments(
-    model_dir: Path, engine: str, workers: int, gif_count: int, max_mazes: int | None, chunk_size: int, threads: int
+    model_dir: Path,
+    engine: str,
+    workers: int,
+    gif_count: int,
+    max_mazes: int | None,
+    chunk_size: int,
+    threads: int,
+    max_new_tokens: int,
 ) -> None:
     from mazerl.policy.loader import _check_model_files, check_image_text_to_text
 
@@ -113,6 +122,7 @@ def _check_arguments(
         ("gif_count", gif_count, 0),
         ("chunk_size", chunk_size, 1),
         ("threads_per_worker", threads, 1),
+        ("max_new_tokens", max_new_tokens, 1),
     ):
         if value < minimum:
             raise ValueError(f"{name}={value} must be >= {minimum}")
@@ -154,7 +164,7 @@ def evaluate(
     """
     started = time.perf_counter()
     model_dir = Path(model_dir).expanduser().resolve()
-    _check_arguments(model_dir, engine, workers, gif_count, max_mazes, chunk_size, threads_per_worker)
+    _check_arguments(model_dir, engine, workers, gif_count, max_mazes, chunk_size, threads_per_worker, max_new_tokens)
     if adapter is not None:
         from mazerl.policy.loader import _check_adapter_dir
 
@@ -184,10 +194,16 @@ def evaluate(
     )
     chunks = [list(range(start, min(start + chunk_size, count))) for start in range(0, count, chunk_size)]
     gpus = (1.0 if engine == "vllm" else 0.0) if gpus_per_worker is None else gpus_per_worker
-    rows, gifs, rollout_seconds = _run_on_ray(job, chunks, min(workers, len(chunks)), gpus, ray_address, progress)
+    if engine == "vllm" and gpus <= 0:
+        raise ValueError("gpus_per_worker=0 with engine='vllm': vLLM runs on GPUs only; give each worker 1 GPU")
+    rows, gifs, rollout_seconds, placement = _run_on_ray(
+        job, chunks, min(workers, len(chunks)), gpus, ray_address, progress
+    )
     rows.sort(key=lambda row: row["index"])
     gif_paths = _write_gifs(out_dir, rows, gifs, gif_count)
     summary = _summary(model_dir, adapter, mazes, count, job, rows, gif_paths, out_dir, workers)
+    summary["worker_placement"] = placement  # node, GPUs and device of each worker
+    summary["gpus_per_worker"] = gpus
     summary["rollout_seconds"] = round(rollout_seconds, 3)
     summary["episodes_per_second"] = count / rollout_seconds if rollout_seconds > 0 else 0.0
     summary["wall_seconds"] = round(time.perf_counter() - started, 3)
@@ -203,22 +219,35 @@ def _run_on_ray(
     gpus: float,
     ray_address: str | None,
     progress: Callable[[int, int], None] | None,
-) -> tuple[list[dict[str, Any]], dict[int, bytes], float]:
+) -> tuple[list[dict[str, Any]], dict[int, bytes], float, list[dict[str, Any]]]:
+    import contextlib
+
     import ray
     from ray.util import ActorPool
 
+    from mazerl.cluster.ray_local import local_ray_head, ray_driver
+
     started_here = not ray.is_initialized()
+    stack = contextlib.ExitStack()
     if started_here:
         address = ray_address or os.environ.get("RAY_ADDRESS")
         if address is not None:
             ray.init(address=address, log_to_driver=False)
         else:
-            ray.init(num_cpus=max(os.cpu_count() or 1, workers * job.threads), include_dashboard=False)
+            head = stack.enter_context(local_ray_head(num_cpus=max(workers * job.threads, 2)))  # if it starts one
+            stack.enter_context(ray_driver(head))
+            cpus = int(ray.cluster_resources().get("CPU", 0))
+            if workers * job.threads > cpus:  # the actors would wait for CPUs forever
+                stack.close()
+                raise ValueError(
+                    f"workers={workers} x threads_per_worker={job.threads} need {workers * job.threads} CPUs but the "
+                    f"embedded Ray head at {head.address} has {cpus}; lower workers to {max(cpus // job.threads, 1)}"
+                )
     try:
         actor = ray.remote(num_cpus=job.threads, num_gpus=gpus)(EvalWorker)
         actors = [actor.remote(job) for _ in range(workers)]
         # Actors load the policy in their constructor; waiting for it keeps the rollout clock honest.
-        ray.get([a.ready.remote() for a in actors])
+        placement = ray.get([a.placement.remote() for a in actors])
         pool = ActorPool(actors)
         total = sum(len(chunk) for chunk in chunks)
         rollout_started = time.perf_counter()
@@ -231,10 +260,11 @@ def _run_on_ray(
             gifs |= result.gifs
             if progress is not None:
                 progress(len(rows), total)
-        return rows, gifs, time.perf_counter() - rollout_started
+        return rows, gifs, time.perf_counter() - rollout_started, placement
     finally:
         if started_here:
             ray.shutdown()
+        stack.close()
 
 
 def _write_gifs(out_dir: Path, rows: list[dict[str, Any]], gifs: dict[int, bytes], gif_count: int) -> list[Path]:

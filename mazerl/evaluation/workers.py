@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envs.render import episode_caption
 from mazerl.evaluation.summary import result_row
 
 
@@ -71,9 +72,16 @@ class EvalWorker:
         self.eval_set = load_eval_set(job.eval_set)
         self.engine, self.processor = make_engine(job)
 
-    def ready(self) -> bool:
-        """Returns once the policy is loaded."""
-        return True
+    def placement(self) -> dict[str, Any]:
+        """Where this worker runs (returns once the policy is loaded): the Ray node, the GPUs Ray
+        gave it, and the device the engine uses, so a report can show that GPU workers got GPUs."""
+        import ray
+
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "device": str(getattr(self.engine, "device", "n/a")),
+        }
 
     def run(self, indices: list[int]) -> ChunkResult:
         from mazerl.policy.engines import GenerationSettings
@@ -98,13 +106,13 @@ class EvalWorker:
         for solved in (True, False):
             chosen = [(i, e) for i, e in zip(indices, episodes, strict=True) if e.solved == solved]
             for index, episode in chosen[: job.gif_candidates]:
-                gifs[index] = gif_bytes(episode.frames)
+                gifs[index] = gif_bytes(episode.frames, episode_caption(episode.solved, episode.moves))
         return ChunkResult(rows=rows, gifs=gifs)
 
 
-def gif_bytes(frames: list) -> bytes:
+def gif_bytes(frames: list, caption: str | None = None) -> bytes:
     from envs.render import episode_gif
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = episode_gif(frames, Path(tmp) / "episode.gif")
+        path = episode_gif(frames, Path(tmp) / "episode.gif", caption=caption)
         return path.read_bytes()

@@ -122,7 +122,7 @@ def _read_chat_template(model_dir: Path, tokenizer: Any) -> str | None:
 
 def load_processor(model_dir: str | os.PathLike) -> Any:
     """The directory's processor (stock where torchvision exists, image-only where it does not)."""
-    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+    from transformers import AutoProcessor, AutoTokenizer, Qwen2VLImageProcessorPil
 
     model_dir = _require_dir(model_dir, "model_dir", "pass a Hugging Face model directory")
     _check_model_files(model_dir)
@@ -138,7 +138,9 @@ def load_processor(model_dir: str | os.PathLike) -> Any:
                 "installed; install torchvision matching your torch, or use a Qwen3-VL model"
             ) from exc
         tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
-        image_processor = AutoImageProcessor.from_pretrained(model_dir, backend="pil", trust_remote_code=False)
+        # Qwen3-VL's PIL image processor, named directly: it is what AutoImageProcessor(backend="pil") picks
+        # for qwen3_vl, and transformers <= 5.16 gates AutoImageProcessor itself behind torchvision.
+        image_processor = Qwen2VLImageProcessorPil.from_pretrained(model_dir)
         processor = _image_only_processor_class()(
             image_processor, tokenizer, chat_template=_read_chat_template(model_dir, tokenizer)
         )

@@ -1,8 +1,17 @@
-"""``mazerl build-starter``: build the tiny Qwen3-VL starter model, with progress output."""
+"""``mazerl build-starter``: build the tiny Qwen3-VL starter model, with progress output.
+
+The flags are checked before anything is built or written (exit code 2 with the flag and the
+fix); the build itself writes to a temporary directory and renames it into place.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+
+EXIT_OK, EXIT_BAD_INPUT = 0, 2
+MAX_SEED = 2**32 - 1  # numpy's legacy seeding, used by the build, takes 0 .. 2**32 - 1
 
 
 def add_build_starter_command(subparsers: argparse._SubParsersAction) -> None:
@@ -21,15 +30,39 @@ def add_build_starter_command(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run_build_starter_command)
 
 
+def check_build_flags(args: argparse.Namespace) -> Path:
+    """The directory to build into, once the flags are known to work; raises InputError naming the flag."""
+    from mazerl.preflight import InputError, check_data_root
+
+    if not 0 <= args.seed <= MAX_SEED:
+        raise InputError("--seed", f"--seed {args.seed} must be between 0 and {MAX_SEED}")
+    if args.out is not None:
+        out = Path(args.out).expanduser().resolve()
+    else:
+        from mazerl.policy.starter import starter_dir  # imports torch: only when it is needed
+
+        out = starter_dir(args.data_root)
+    if out.exists():
+        raise InputError("--out", f"--out {out} already exists; delete it or choose another --out")
+    check_data_root(out, field="--out" if args.out else "--data-root")
+    return out
+
+
 def run_build_starter_command(args: argparse.Namespace) -> int:
-    from mazerl.policy.starter import StarterConfig, build_starter, starter_dir
+    from mazerl.preflight import InputError
+
+    try:
+        out = None if args.ship else check_build_flags(args)  # --ship builds into the package, not --out
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    from mazerl.policy.starter import StarterConfig, build_starter
 
     config = StarterConfig.reduced_build(args.seed) if args.reduced else StarterConfig(seed=args.seed)
     if args.ship:
         return ship(config)
-    out = args.out or starter_dir(args.data_root)
     build_starter(out, config, log=lambda line: print(line, flush=True))
-    return 0
+    return EXIT_OK
 
 
 def ship(config) -> int:
@@ -37,14 +70,13 @@ def ship(config) -> int:
     import os
     import shutil
     import tempfile
-    from pathlib import Path
 
     from mazerl.policy.shipped_starter import SHIPPED_DIR, directory_digest
     from mazerl.policy.starter import StarterConfig, build_starter
 
     if config != StarterConfig():
-        print("error: --ship ships the default config only (no --reduced, --seed 0)")
-        return 2
+        print("error: --ship ships the default config only (no --reduced, --seed 0)", file=sys.stderr)
+        return EXIT_BAD_INPUT
     with tempfile.TemporaryDirectory(dir=SHIPPED_DIR.parent.parent) as tmp:
         built = build_starter(Path(tmp) / SHIPPED_DIR.name, config, log=lambda line: print(line, flush=True))
         old = SHIPPED_DIR.with_name(SHIPPED_DIR.name + ".old")
@@ -56,4 +88,4 @@ def ship(config) -> int:
     print(
         f'shipped {SHIPPED_DIR}; pin it in mazerl/policy/shipped_starter.py: SHIPPED_DIGEST = "{directory_digest(SHIPPED_DIR)}"'
     )
-    return 0
+    return EXIT_OK

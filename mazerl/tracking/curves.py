@@ -78,21 +78,35 @@ def _pick_rows(steps: list[int], keep: set[int], limit: int) -> list[int]:
     return sorted(set(steps[::stride]) | keep | {steps[-1]})
 
 
+def _on(what: str | None) -> str:
+    return f" on {what}" if what else ""
+
+
 def curve_table(
     history: Mapping[str, Series],
     baseline: float | None = None,
     final: float | None = None,
     max_rows: int = MAX_TABLE_ROWS,
+    *,
+    greedy_on: str | None = None,
+    eval_on: str | None = None,
 ) -> str:
-    """Markdown: baseline and final, then success by step (greedy eval steps always included)."""
+    """Markdown: baseline and final, then success by step (greedy eval steps always included).
+
+    ``greedy_on`` and ``eval_on`` say which mazes the greedy points and the baseline/final evals
+    were measured on (e.g. "the first 64 of the 256 mazes of maze256-small-v1"): they can differ,
+    and a curve that compares different sets without saying so misleads.
+    """
     sampled, greedy = dict(history.get(SAMPLED_KEY, [])), dict(history.get(GREEDY_KEY, []))
     steps = sorted(set(sampled) | set(greedy))
     lines = ["# Learning curve", ""]
     if baseline is not None:
-        lines.append(f"- baseline eval (before training): **{baseline:.3f}**")
+        lines.append(f"- baseline eval (before training){_on(eval_on)}: **{baseline:.3f}**")
     if final is not None:
         delta = f" ({final - baseline:+.3f})" if baseline is not None else ""
-        lines.append(f"- final eval (merged model): **{final:.3f}**{delta}")
+        lines.append(f"- final eval (merged model){_on(eval_on)}: **{final:.3f}**{delta}")
+    if greedy:
+        lines.append(f"- greedy eval during training{_on(greedy_on)}")
     lines += ["", "| step | sampled success (train) | greedy eval success |", "| ---: | ---: | ---: |"]
     for step in _pick_rows(steps, set(greedy), max_rows):
         cells = [f"{sampled[step]:.3f}" if step in sampled else "", f"{greedy[step]:.3f}" if step in greedy else ""]
@@ -108,8 +122,13 @@ def plot_learning_curve(
     baseline: float | None = None,
     final: float | None = None,
     title: str = "Success by training step",
+    *,
+    greedy_on: str | None = None,
+    eval_on: str | None = None,
 ) -> tuple[Path, Path]:
-    """Write ``learning_curve.png`` and ``learning_curve.md`` into ``out_dir``; returns both paths."""
+    """Write ``learning_curve.png`` and ``learning_curve.md`` into ``out_dir``; returns both paths.
+
+    The legend names the mazes each series was measured on (``greedy_on``, ``eval_on``)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -123,12 +142,12 @@ def plot_learning_curve(
     if sampled:
         axes.plot(*zip(*sampled, strict=True), color="tab:blue", alpha=0.6, lw=1.2, label="sampled (train rollouts)")
     if greedy:
-        axes.plot(*zip(*greedy, strict=True), "o-", color="tab:green", lw=1.8, label="greedy eval")
+        axes.plot(*zip(*greedy, strict=True), "o-", color="tab:green", lw=1.8, label=f"greedy eval{_on(greedy_on)}")
     if baseline is not None:
-        axes.axhline(baseline, color="tab:gray", ls="--", lw=1, label=f"baseline {baseline:.3f}")
+        axes.axhline(baseline, color="tab:gray", ls="--", lw=1, label=f"baseline {baseline:.3f}{_on(eval_on)}")
         axes.plot([0], [baseline], "s", color="tab:gray", ms=8)
     if final is not None:
-        axes.plot([last_step], [final], "*", color="tab:red", ms=16, label=f"final (merged) {final:.3f}")
+        axes.plot([last_step], [final], "*", color="tab:red", ms=16, label=f"final (merged) {final:.3f}{_on(eval_on)}")
     axes.set_xlabel("training step")
     axes.set_ylabel("success rate")
     axes.set_ylim(-0.02, 1.02)
@@ -140,7 +159,10 @@ def plot_learning_curve(
     png, markdown = out_dir / "learning_curve.png", out_dir / "learning_curve.md"
     for path, write in (
         (png, lambda tmp: figure.savefig(tmp, format="png")),
-        (markdown, lambda tmp: tmp.write_text(curve_table(history, baseline, final))),
+        (
+            markdown,
+            lambda tmp: tmp.write_text(curve_table(history, baseline, final, greedy_on=greedy_on, eval_on=eval_on)),
+        ),
     ):
         tmp = path.with_name(f".{path.name}.tmp")
         write(tmp)
@@ -158,6 +180,8 @@ def log_learning_curve(
     metrics_jsonl: str | os.PathLike | None = None,
     baseline: float | None = None,
     final: float | None = None,
+    greedy_on: str | None = None,
+    eval_on: str | None = None,
 ) -> tuple[Path, Path]:
     """Plot from the train run's MLflow history (or ``metrics_jsonl``), write into ``out_dir``, log to ``run_id``.
 
@@ -171,7 +195,7 @@ def log_learning_curve(
         history = history_from_jsonl(metrics_jsonl)
     else:
         history = history_from_mlflow(tracking_uri, train_run_id or run_id)
-    png, markdown = plot_learning_curve(history, out_dir, baseline, final)
+    png, markdown = plot_learning_curve(history, out_dir, baseline, final, greedy_on=greedy_on, eval_on=eval_on)
     client = MlflowClient(tracking_uri)
     for path in (png, markdown):
         client.log_artifact(run_id, str(path), "learning_curve")

@@ -6,17 +6,20 @@ threads and Ray jobs in other processes, so nothing here relies on ``mlflow.star
 
 Layout (design section 5)::
 
-    experiment vlm-maze-grpo
-      pipeline                       tags prefect.flow_run_id, prefect.deployment, mlflow.source.git.commit
-        verify_cluster               child runs: tag mlflow.parentRunId = the pipeline run,
-        baseline_eval                created up front with status SCHEDULED; each stage marks
-        train                        its run RUNNING, then FINISHED or FAILED
-        merge_lora
+    experiment vlm-maze-grpo         tag mlflow.experimentKind = custom_model_development
+      <run id>, e.g. ruddy-gerbil-8432ca63
+                                     the parent: tags prefect.flow_run_id, prefect.deployment,
+                                     mlflow.source.git.commit; the resolved params; headline metrics
+        verify_cluster               child runs (tag mlflow.parentRunId = the parent), each created
+        baseline_eval                when its stage starts, so its start time, end time and duration
+        train                        are the stage's own (retries included); RUNNING, then
+        merge_lora                   FINISHED or FAILED
         final_eval
 
 A retry of a failed Prefect flow run calls :func:`start_pipeline_run` again with the same
-flow-run id and gets the same runs back (``reattached=True``), so metrics and artifacts
-of the retry land next to those of the first attempt.
+flow-run id and gets the same parent back (``reattached=True``); its stages find their
+runs by the ``mazerl.stage`` tag (:func:`stage_run_id`), so metrics and artifacts of the
+retry land next to those of the first attempt.
 
 Embedded default store: ``sqlite:///<root>/mlflow.db`` with artifacts in ``<root>/mlartifacts``.
 """
@@ -47,7 +50,7 @@ from mazerl import paths
 from mazerl.tracking.secrets import SecretLeakError, find_secrets, redact, scrub_text
 
 DEFAULT_EXPERIMENT = "vlm-maze-grpo"
-PIPELINE_RUN_NAME = "pipeline"
+PIPELINE_RUN_NAME = "pipeline"  # the parent's name when no run id is given (the flow names it by its run id)
 STAGES = ("verify_cluster", "baseline_eval", "train", "merge_lora", "final_eval")
 
 TAG_ROLE = "mazerl.role"  # "pipeline" or "stage"
@@ -57,7 +60,30 @@ TAG_DEPLOYMENT = "prefect.deployment"
 TAG_GIT_COMMIT = "mlflow.source.git.commit"  # the key the MLflow UI shows as "Git commit"
 TAG_GIT_DIRTY = "mazerl.git_dirty"
 TAG_PARENT = "mlflow.parentRunId"
+TAG_RUN_ID = "mazerl.run_id"  # the readable run id (the run directory's name), also the parent's name
 TAG_EVAL_SET_SHA256 = "mazerl.eval_set.sha256"
+# MLflow's own experiment type: "custom_model_development" is its "model training" kind (runs,
+# metrics, charts) as opposed to "genai_development" (traces). MLflow 3.1-3.4 open the experiment
+# on the view its kind names; later UIs follow a per-browser switch instead (see experiment_url).
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+# The parent run's headline metrics (tasks/promote.py logs them), in the order the runs table shows them.
+HEADLINE_METRICS = (
+    "result/baseline_success",
+    "result/final_success",
+    "result/gain",
+    "result/mcnemar_p",
+    "result/budget_ceiling",
+)
+# MLflow 3's runs table shows no metric columns by default and keeps its column choice per browser;
+# a "shared view" (an experiment tag the UI reads when the URL names it) can choose them.
+RUNS_VIEW = "mazerl"
+TAG_RUNS_VIEW = f"mlflow.sharedViewState.{RUNS_VIEW}"
+RUNS_VIEW_STATE = {
+    "selectedColumns": [f"metrics.`{name}`" for name in HEADLINE_METRICS],
+    "orderByKey": "attributes.start_time",
+    "orderByAsc": False,
+}
 
 # summary.json key -> MLflow metric name; other numeric summary keys are logged as eval/<key>.
 EVAL_METRICS = {
@@ -87,7 +113,11 @@ class EvalReportError(ValueError):
 
 @dataclass(frozen=True)
 class PipelineRuns:
-    """Ids of one pipeline run's MLflow runs; plain values, safe to pass between Prefect tasks."""
+    """Ids of one pipeline run's MLflow runs; plain values, safe to pass between Prefect tasks.
+
+    ``stage_run_ids`` holds the stage runs that existed when the pipeline run was opened (a
+    re-attached flow run's finished stages); :meth:`run_id` finds or creates any stage's run.
+    """
 
     tracking_uri: str
     experiment_id: str
@@ -96,9 +126,8 @@ class PipelineRuns:
     reattached: bool = False
 
     def run_id(self, stage: str) -> str:
-        if stage not in self.stage_run_ids:
-            raise KeyError(f"stage={stage!r} is not one of {list(self.stage_run_ids)}")
-        return self.stage_run_ids[stage]
+        """The stage's run, created now if it has none yet (a stage's run starts with the stage)."""
+        return stage_run_id(self.tracking_uri, self.parent_run_id, stage)
 
     def job_env(self, stage: str) -> dict[str, str]:
         """Environment for a Ray job that logs into this stage's run (``mlflow`` reads these)."""
@@ -139,19 +168,58 @@ def client_for(tracking_uri: str) -> MlflowClient:
 
 
 def ensure_experiment(tracking_uri: str, name: str = DEFAULT_EXPERIMENT, artifact_location: str | None = None) -> str:
-    """The id of experiment ``name``, created (with ``artifact_location``) or restored if needed."""
+    """The id of experiment ``name``, created (with ``artifact_location``) or restored if needed.
+
+    A new or untyped experiment is tagged as MLflow's model-training kind (``mlflow.experimentKind``);
+    a kind someone chose in the UI is kept.
+    """
     client = client_for(tracking_uri)
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
         try:
-            return client.create_experiment(name, artifact_location=artifact_location)
+            return client.create_experiment(
+                name,
+                artifact_location=artifact_location,
+                tags={TAG_EXPERIMENT_KIND: EXPERIMENT_KIND, TAG_RUNS_VIEW: json.dumps(RUNS_VIEW_STATE)},
+            )
         except MlflowException:  # created by a concurrent caller in between
             experiment = client.get_experiment_by_name(name)
             if experiment is None:
                 raise
     if experiment.lifecycle_stage == "deleted":
         client.restore_experiment(experiment.experiment_id)
+    if TAG_EXPERIMENT_KIND not in experiment.tags:
+        client.set_experiment_tag(experiment.experiment_id, TAG_EXPERIMENT_KIND, EXPERIMENT_KIND)
+    view = json.dumps(RUNS_VIEW_STATE)
+    if experiment.tags.get(TAG_RUNS_VIEW) != view:
+        client.set_experiment_tag(experiment.experiment_id, TAG_RUNS_VIEW, view)
     return experiment.experiment_id
+
+
+def experiment_url(ui_url: str, experiment_id: str, run_id: str | None = None) -> str:
+    """The MLflow UI's address of an experiment's runs table (with the headline metric columns), or of
+    one run's page.
+
+    ``workflowType=machine_learning`` opens MLflow 3's "model training" side of the UI: from
+    MLflow 3.5 on, the UI picks GenAI or model training per browser (default GenAI, whose
+    experiment overview shows only trace panels) and ignores the experiment's kind tag; the
+    URL parameter overrides that choice, and older UIs ignore it. ``viewStateShareKey`` names
+    the experiment's shared view (:data:`RUNS_VIEW_STATE`).
+    """
+    base = f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}"
+    if run_id:
+        return f"{base}/runs/{run_id}?workflowType=machine_learning"
+    return f"{base}/runs?viewStateShareKey={RUNS_VIEW}&workflowType=machine_learning"
+
+
+def ui_url(tracking_uri: str, local_ui: str = "http://127.0.0.1:5000") -> str | None:
+    """Where a browser finds the UI of this store: the server itself, or ``local_ui`` for a local store
+    (once ``mlflow ui`` serves it there); None where the UI lives elsewhere (Databricks)."""
+    if tracking_uri.startswith(("http://", "https://")):
+        return tracking_uri.rstrip("/")
+    if tracking_uri.startswith("databricks"):
+        return None
+    return local_ui
 
 
 def git_commit(repo_dir: str | os.PathLike | None = None) -> tuple[str | None, bool]:
@@ -205,6 +273,27 @@ def _stage_runs(client: MlflowClient, experiment_id: str, parent_run_id: str) ->
     return found
 
 
+def stage_run_id(tracking_uri: str, parent_run_id: str, stage: str) -> str:
+    """The id of the parent's child run for ``stage``, created now if it has none.
+
+    Called when the stage starts, so a new run's start time is the stage's: MLflow cannot move
+    a run's start time later, which is why stage runs are not created up front. A retried
+    stage finds its first attempt's run, so its duration covers all attempts.
+    """
+    if stage not in STAGES:
+        raise ValueError(f"stage={stage!r} is not a pipeline stage; use one of {list(STAGES)}")
+    client = client_for(tracking_uri)
+    parent = client.get_run(parent_run_id)
+    existing = _stage_runs(client, parent.info.experiment_id, parent_run_id)
+    if stage in existing:
+        return existing[stage]
+    tags = {TAG_PARENT: parent_run_id, TAG_ROLE: "stage", TAG_STAGE: stage}
+    for key in (TAG_FLOW_RUN_ID, TAG_RUN_ID):
+        if key in parent.data.tags:
+            tags[key] = parent.data.tags[key]
+    return client.create_run(parent.info.experiment_id, run_name=stage, tags=tags).info.run_id
+
+
 def _tag_value(value: object) -> str:
     text = str(value)
     return text if len(text) <= MAX_TAG_VAL_LENGTH else text[: MAX_TAG_VAL_LENGTH - len(_TRUNCATED)] + _TRUNCATED
@@ -222,14 +311,14 @@ def start_pipeline_run(
     artifact_location: str | None = None,
     repo_dir: str | os.PathLike | None = None,
 ) -> PipelineRuns:
-    """Create (or re-attach to) the parent run and its five stage runs; returns their ids.
+    """Create (or re-attach to) the parent run; returns its id and those of the stage runs it has.
 
-    With a ``flow_run_id`` that already has a pipeline run in ``experiment``, that run and
-    its stage runs are reused (missing stage runs are created, the parent is marked RUNNING
-    again). ``params`` (a pydantic model, dataclass or nested dict) are flattened, scrubbed
-    of secrets and logged on the parent; ``tags`` are scrubbed and set on the parent.
-    ``artifact_location`` applies only when the experiment is created here; by default it is
-    ``<data root>/mlartifacts`` for a local store.
+    With a ``flow_run_id`` that already has a pipeline run in ``experiment``, that run is
+    reused (marked RUNNING again) with its stage runs. Stage runs are created by their stages
+    (:func:`stage_run_id`). ``params`` (a pydantic model, dataclass or nested dict) are
+    flattened, scrubbed of secrets and logged on the parent; ``tags`` are scrubbed and set on
+    the parent. ``artifact_location`` applies only when the experiment is created here; by
+    default it is ``<data root>/mlartifacts`` for a local store.
     """
     if not run_name or not str(run_name).strip():
         raise ValueError(f"run_name={run_name!r} must be a non-empty name for the parent run, e.g. 'pipeline'")
@@ -254,22 +343,13 @@ def start_pipeline_run(
         parent_id = client.create_run(experiment_id, run_name=run_name, tags={TAG_ROLE: "pipeline"}).info.run_id
         stage_ids = {}
     client.log_batch(parent_id, tags=[RunTag(key, _tag_value(value)) for key, value in run_tags.items()])
-    for stage in STAGES:
-        if stage in stage_ids:
-            continue
-        stage_tags = {TAG_PARENT: parent_id, TAG_ROLE: "stage", TAG_STAGE: stage}
-        if flow_run_id:
-            stage_tags[TAG_FLOW_RUN_ID] = flow_run_id
-        run = client.create_run(experiment_id, run_name=stage, tags=stage_tags)
-        client.update_run(run.info.run_id, status="SCHEDULED")  # not started until its stage says so
-        stage_ids[stage] = run.info.run_id
     if params is not None:
         log_params(tracking_uri, parent_id, params)
     return PipelineRuns(
         tracking_uri=tracking_uri,
         experiment_id=experiment_id,
         parent_run_id=parent_id,
-        stage_run_ids={stage: stage_ids[stage] for stage in STAGES},
+        stage_run_ids={stage: stage_ids[stage] for stage in STAGES if stage in stage_ids},
         reattached=existing is not None,
     )
 
@@ -287,15 +367,37 @@ def set_run_status(tracking_uri: str, run_id: str, status: str) -> None:
 
 
 @contextlib.contextmanager
-def stage_run(tracking_uri: str, run_id: str) -> Iterator[str]:
-    """``with stage_run(uri, run_id):`` marks the run RUNNING, then FINISHED, or FAILED on an exception."""
-    set_run_status(tracking_uri, run_id, "RUNNING")
+def fails_run(tracking_uri: str, run_id: str) -> Iterator[str]:
+    """``with fails_run(uri, run_id):`` marks the run FAILED (ending it now) if the body raises."""
     try:
         yield run_id
     except BaseException:
         set_run_status(tracking_uri, run_id, "FAILED")
         raise
-    set_run_status(tracking_uri, run_id, "FINISHED")
+
+
+@contextlib.contextmanager
+def stage_run(tracking_uri: str, run_id: str, *, finish: bool = True) -> Iterator[str]:
+    """``with stage_run(uri, run_id):`` marks the run RUNNING, then FINISHED, or FAILED on an exception.
+
+    The parent follows: a failing stage marks it FAILED too (its end time is then the failure's,
+    so its duration stays true), and a stage that starts again (a retry) marks it RUNNING.
+    ``finish=False`` leaves a run that succeeded RUNNING, for a stage whose end is logged by a
+    later task (an eval's report).
+    """
+    parent_id = client_for(tracking_uri).get_run(run_id).data.tags.get(TAG_PARENT)
+    set_run_status(tracking_uri, run_id, "RUNNING")
+    if parent_id:
+        set_run_status(tracking_uri, parent_id, "RUNNING")
+    try:
+        yield run_id
+    except BaseException:
+        set_run_status(tracking_uri, run_id, "FAILED")
+        if parent_id:
+            set_run_status(tracking_uri, parent_id, "FAILED")
+        raise
+    if finish:
+        set_run_status(tracking_uri, run_id, "FINISHED")
 
 
 # --------------------------------------------------------------------------------------
@@ -408,13 +510,18 @@ def log_dir_artifacts(
     tracking_uri: str, run_id: str, local_dir: str | os.PathLike, artifact_path: str | None = None
 ) -> None:
     """Log a directory as is, after checking that none of its text files holds a credential."""
+    check_no_secrets(local_dir)
+    client_for(tracking_uri).log_artifacts(run_id, str(local_dir), artifact_path)
+
+
+def check_no_secrets(local_dir: str | os.PathLike) -> None:
+    """Raise SecretLeakError if a file under ``local_dir`` holds a credential (nothing is logged then)."""
     local_dir = Path(local_dir)
     leaks = find_secrets(p for p in local_dir.rglob("*") if p.is_file())
     if leaks:
         raise SecretLeakError(
             f"refusing to log {local_dir} to MLflow: {'; '.join(leaks[:5])}; remove the credential from the files"
         )
-    client_for(tracking_uri).log_artifacts(run_id, str(local_dir), artifact_path)
 
 
 def log_config_file(tracking_uri: str, run_id: str, path: str | os.PathLike, artifact_path: str = "config") -> str:
@@ -596,9 +703,7 @@ def log_eval_report(
 # The merged model
 # --------------------------------------------------------------------------------------
 
-MERGED_MODEL_ARTIFACT = "merged_model"
-MERGED_POINTER_ARTIFACT = "merged_model_pointer"
-POINTER_FILE = "pointer.json"
+MERGED_MODEL_ARTIFACT = "merged_model"  # an MLflow transformers model (mazerl.tracking.mlflow_model)
 
 
 @dataclass(frozen=True)
@@ -606,32 +711,34 @@ class LoggedModel:
     """Where the merged model went: ``source`` is the artifact URI to register as a model version."""
 
     source: str
-    uploaded: bool  # False: only a pointer file to ``local_path`` was logged
+    uploaded: bool  # False: the MLflow model names ``local_path`` for its weights instead of holding them
     local_path: str
     size_mb: float
 
 
-def _dir_size_mb(path: Path) -> float:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
-
-
 def log_merged_model(
-    tracking_uri: str, run_id: str, merged_dir: str | os.PathLike, max_artifact_mb: float = 512.0
+    tracking_uri: str,
+    run_id: str,
+    merged_dir: str | os.PathLike,
+    mlflow_model_dir: str | os.PathLike,
 ) -> LoggedModel:
-    """Log the merged directory as artifact ``merged_model/``, or above ``max_artifact_mb`` a pointer to it.
+    """Upload the MLflow transformers model the merge job wrote (``mlflow_model_dir``) as ``merged_model/``.
 
-    The pointer (``merged_model_pointer/pointer.json``: path, size, merge record) is for
-    large models on shared storage, which a tracking server should not copy. The merge
-    record's proofs are logged as ``merge/*`` metrics either way.
+    Nothing is loaded here: the merge job saved the model beside the weights
+    (:func:`mazerl.tracking.mlflow_model.write_mlflow_model`). A model that only points at its
+    weights (above ``max_artifact_mb``) also tags the run with ``mazerl.merged_model_path``.
+    The merge record's proofs are logged as ``merge/*`` metrics.
     """
     from mlflow.entities import Metric
 
-    merged_dir = Path(merged_dir).resolve()
+    from mazerl.tracking.mlflow_model import holds_weights
+
+    merged_dir, model_path = Path(merged_dir).resolve(), Path(mlflow_model_dir)
     if not (merged_dir / "config.json").is_file():
         raise FileNotFoundError(f"merged_dir={str(merged_dir)!r} is not a model directory (no config.json)")
-    if max_artifact_mb < 0:
-        raise ValueError(f"max_artifact_mb={max_artifact_mb} must be >= 0 (0: always log a pointer)")
-    size_mb = _dir_size_mb(merged_dir)
+    if not (model_path / "MLmodel").is_file():
+        raise FileNotFoundError(f"{model_path} holds no MLflow model (no MLmodel); the merge job writes it")
+    check_no_secrets(merged_dir)
     client = client_for(tracking_uri)
     record_path = merged_dir / "merge_record.json"
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}
@@ -642,13 +749,13 @@ def log_merged_model(
     }
     now_ms = int(time.time() * 1000)
     client.log_batch(run_id, metrics=[Metric(key, value, now_ms, 0) for key, value in numeric.items()])
-    if size_mb <= max_artifact_mb:
-        log_dir_artifacts(tracking_uri, run_id, merged_dir, MERGED_MODEL_ARTIFACT)
-        return LoggedModel(artifact_uri(tracking_uri, run_id, MERGED_MODEL_ARTIFACT), True, str(merged_dir), size_mb)
-    pointer = {"path": str(merged_dir), "size_mb": round(size_mb, 1), "merge_record": record}
-    with tempfile.TemporaryDirectory(prefix="mazerl-pointer-") as staging:
-        path = Path(staging) / POINTER_FILE
-        path.write_text(scrub_text(json.dumps(pointer, indent=2)) + "\n")
-        client.log_artifact(run_id, str(path), MERGED_POINTER_ARTIFACT)
-    client.set_tag(run_id, "mazerl.merged_model_path", str(merged_dir))
-    return LoggedModel(artifact_uri(tracking_uri, run_id, MERGED_POINTER_ARTIFACT), False, str(merged_dir), size_mb)
+    uploaded = holds_weights(model_path)
+    client.log_artifacts(run_id, str(model_path), MERGED_MODEL_ARTIFACT)
+    if not uploaded:
+        client.set_tag(run_id, "mazerl.merged_model_path", str(merged_dir))
+    return LoggedModel(
+        artifact_uri(tracking_uri, run_id, MERGED_MODEL_ARTIFACT),
+        uploaded,
+        str(merged_dir),
+        paths.dir_size_mb(merged_dir),
+    )

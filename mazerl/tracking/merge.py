@@ -17,10 +17,14 @@ proves itself and raises :class:`MergeError` when any proof fails:
    reproduces the merged logits (bit-exact when saved in float32; within the rounding of
    the save dtype otherwise).
 
-The proofs run in float32 (``proof_dtype``) whatever the checkpoint's dtype; the
-directory is saved in the base model's own dtype (bfloat16 for Qwen3-VL releases,
-float32 for the starter) unless ``save_dtype`` says otherwise. Memory: one float32 copy of
-the model plus a few vectors per adapted module; the reload happens after it is freed.
+The merge and its proofs run in the checkpoint's own dtype (``proof_dtype`` None: the dtype
+the base model's config names; bfloat16 for Qwen3-VL releases, float32 for the starter), with
+that dtype's tolerances, and the directory is saved in it too (``save_dtype``): bf16 weights
+stay bf16, and an 8B model needs one 16 GiB copy in memory rather than a 32 GiB float32 one.
+Memory: that copy, one save shard of at most 5 GB, and the overhead of
+:mod:`mazerl.tracking.merge_memory`, checked against what the machine has *before* loading;
+the reload happens after the copy is freed. In the pipeline the merge runs as a Ray job
+(:mod:`mazerl.tracking.merge_entry`) on a node with that memory, not in the flow-run pod.
 
 The adapter is the one the checkpoint marker names (:func:`merge_lora`); an explicit
 adapter directory can be merged with :func:`merge_adapter`. Output is built in a temporary
@@ -45,7 +49,9 @@ import numpy as np
 import torch
 
 from envs.evalset import EMBEDDED_EVAL_SET
-from mazerl.fingerprint import model_fingerprint
+from mazerl.fingerprint import mismatch, model_fingerprint
+from mazerl.paths import dir_size_mb
+from mazerl.tracking.merge_memory import SAVE_SHARD, check_merge_memory, merge_memory, weights_bytes
 from mazerl.training import checkpoints
 
 MERGE_RECORD = "merge_record.json"
@@ -88,6 +94,17 @@ class MergeReport:
     size_mb: float
     seconds: float
     reused: bool = False
+
+    @staticmethod
+    def read(merged_dir: str | os.PathLike) -> MergeReport:
+        """The report a finished merge wrote into its directory (``merge_record.json``)."""
+        path = Path(merged_dir) / MERGE_RECORD
+        try:
+            return MergeReport(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            raise MergeError(
+                f"{path} is missing or unreadable ({exc}); the merge did not finish: run it again"
+            ) from exc
 
     def summary(self) -> str:
         step = f" (checkpoint step {self.checkpoint_step})" if self.checkpoint_step is not None else ""
@@ -231,7 +248,7 @@ class _LoraProbe:
     vector: torch.Tensor  # (in,)
     base_proj: torch.Tensor  # W_base @ v, (out,)
     delta_proj: torch.Tensor  # delta @ v, (out,)
-    nonzero: bool
+    nonzero: bool  # the merge changes the weight (a non-zero delta that survives the dtype's rounding)
 
 
 def lora_probes(peft_model: torch.nn.Module, seed: int = 0) -> list[_LoraProbe]:
@@ -248,12 +265,13 @@ def lora_probes(peft_model: torch.nn.Module, seed: int = 0) -> list[_LoraProbe]:
         if adapter not in getattr(module, "lora_A", {}) or not hasattr(base, "weight"):
             raise MergeError(f"module {name} carries an adapter type the merge proof does not know ({type(base)})")
         weight = base.weight  # (out, in)
-        delta = module.get_delta_weight(adapter)  # (out, in), scale * B @ A
+        delta = module.get_delta_weight(adapter).to(weight.dtype)  # (out, in), scale * B @ A
         vector = torch.randn(weight.shape[1], generator=generator).to(weight.device, weight.dtype)
         key = name.removeprefix("base_model.model.") + ".weight"
-        probes.append(
-            _LoraProbe(key, vector, (weight @ vector).cpu(), (delta @ vector).cpu(), bool(delta.abs().max() > 0))
-        )
+        # Does the merge change this weight at all? PEFT adds the delta in the weight's dtype, so in
+        # bfloat16 a delta below the weight's rounding leaves it bit-identical, as it should.
+        moves = bool((weight + delta != weight).any())
+        probes.append(_LoraProbe(key, vector, (weight @ vector).cpu(), (delta @ vector).cpu(), moves))
     if not probes:
         raise MergeError("the adapter attached to no module of the base model; it was trained for another model")
     return probes
@@ -309,15 +327,15 @@ def _dtype(value: str | torch.dtype) -> torch.dtype:
     return dtype
 
 
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
 def stored_dtype(model_dir: Path) -> torch.dtype:
     """The dtype the base model's config says its weights are stored in (float32 if unstated)."""
     config = json.loads((model_dir / "config.json").read_text())
     name = config.get("dtype") or config.get("torch_dtype") or config.get("text_config", {}).get("dtype")
     return _dtype(name) if name else torch.float32
-
-
-def _dir_size_mb(path: Path) -> float:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
 
 
 def _reusable(out_dir: Path, base_fingerprint: str, adapter_sha: str) -> MergeReport | None:
@@ -382,17 +400,20 @@ def merge_adapter(
     expected_base_fingerprint: str | None = None,
     probe_eval_set: str = EMBEDDED_EVAL_SET,
     device: str | None = None,
-    proof_dtype: str = "float32",
+    proof_dtype: str | None = None,
     save_dtype: str | None = None,
     atol: float | None = None,
     rtol: float | None = None,
+    available_memory: tuple[int, str] | None = None,
     log: Callable[[str], None] = print,
 ) -> MergeReport:
     """Merge ``adapter_dir`` into ``base_model_dir``, prove it, save to ``out_dir``; see the module docstring.
 
     ``expected_base_fingerprint`` (from the checkpoint's trainer state) refuses a base model
-    other than the one the adapter was trained on. ``atol``/``rtol`` default to
-    :data:`TOLERANCES` for ``proof_dtype``.
+    other than the one the adapter was trained on. ``proof_dtype``/``save_dtype`` None: the base
+    model's stored dtype. ``atol``/``rtol`` default to :data:`TOLERANCES` for ``proof_dtype``.
+    ``available_memory`` (bytes, source) None: measured here; a merge that would not fit is
+    refused with :class:`~mazerl.tracking.merge_memory.MergeMemoryError` before loading.
     """
     from peft import PeftModel
 
@@ -411,21 +432,22 @@ def merge_adapter(
         raise MergeError(f"base_model_dir={str(base_dir)!r} does not exist; pass the model the adapter was trained on")
     base_fingerprint = model_fingerprint(base_dir)
     if expected_base_fingerprint is not None and expected_base_fingerprint != base_fingerprint:
-        raise MergeError(
-            f"the adapter{origin} was trained on a base model with fingerprint {expected_base_fingerprint[:16]}..., "
-            f"but base_model_dir={str(base_dir)!r} has {base_fingerprint[:16]}...; merge it into the base it was "
-            "trained on"
-        )
+        trained_on = mismatch(expected_base_fingerprint, f"base_model_dir={str(base_dir)!r}", base_fingerprint)
+        raise MergeError(f"the adapter{origin} was trained on {trained_on}; merge it into the base it was trained on")
     adapter_sha = adapter_digest(adapter_dir)
     reused = _reusable(out_dir, base_fingerprint, adapter_sha)
     if reused is not None:
         log(f"merge: {out_dir} already holds this base + adapter merge; reusing it")
         return reused
-    proof = _dtype(proof_dtype)
+    stored = stored_dtype(base_dir)
+    proof = _dtype(proof_dtype) if proof_dtype else stored
     default_atol, default_rtol = TOLERANCES.get(proof, TOLERANCES[torch.bfloat16])
     atol = default_atol if atol is None else atol
     rtol = default_rtol if rtol is None else rtol
-    target_dtype = _dtype(save_dtype) if save_dtype else stored_dtype(base_dir)
+    target_dtype = _dtype(save_dtype) if save_dtype else stored
+    # before anything is loaded: the weights at the merge dtype, a save shard, the overhead
+    weights = int(weights_bytes(base_dir) * _itemsize(proof) / _itemsize(stored))
+    check_merge_memory(merge_memory(weights), available_memory)
 
     # 1. base model, probe batch, base logits, per-tensor digests
     try:
@@ -476,7 +498,7 @@ def merge_adapter(
     try:
         _copy_base_files(base_dir, tmp)
         merged = merged.to(target_dtype)
-        merged.save_pretrained(tmp, safe_serialization=True)
+        merged.save_pretrained(tmp, safe_serialization=True, max_shard_size=SAVE_SHARD)
         merge_info = {
             "adapter_dir": str(adapter_dir),
             "adapter_sha256": adapter_sha,
@@ -522,7 +544,7 @@ def merge_adapter(
             probe_tokens=int(base_logits.shape[0]),
             proof_dtype=str(proof).removeprefix("torch."),
             save_dtype=str(target_dtype).removeprefix("torch."),
-            size_mb=round(_dir_size_mb(tmp), 3),
+            size_mb=round(dir_size_mb(tmp), 3),
             seconds=round(time.perf_counter() - started, 2),
         )
         (tmp / MERGE_RECORD).write_text(json.dumps(asdict(report), indent=2) + "\n")
@@ -541,10 +563,16 @@ def merge_lora(
 ) -> MergeReport:
     """Merge the adapter of the checkpoint the marker in ``checkpoints_dir`` names (options: see merge_adapter).
 
-    The checkpoint's recorded base-model fingerprint must match ``base_model_dir``.
+    The base-model fingerprint the checkpoint recorded (in its trainer state, or in
+    ``base_model.json`` beside the checkpoints) must match ``base_model_dir``.
     """
     adapter_dir, step, state = resolve_adapter(checkpoints_dir)
+    # local backend: in trainer_state.pt; SkyRL: the record its entry writes beside the checkpoints
     fingerprint = state.get("base_model_fingerprint") if isinstance(state, dict) else None
+    try:
+        fingerprint = fingerprint or checkpoints.recorded_base_fingerprint(Path(checkpoints_dir))
+    except checkpoints.CheckpointError as exc:
+        raise MergeError(str(exc)) from exc
     return merge_adapter(
         base_model_dir, adapter_dir, out_dir, checkpoint_step=step, expected_base_fingerprint=fingerprint, **options
     )

@@ -202,14 +202,18 @@ def model_version_dir(
 ) -> str:
     """A local model directory for a registered version (a number such as ``"3"`` or an alias such as ``"champion"``).
 
-    A version logged as a pointer (large models) resolves to the shared-storage path it
-    names; a local artifact store resolves to the artifact directory itself; a remote one
-    is downloaded into ``dst_dir`` (a temporary directory if None).
+    A version is an MLflow transformers model (``mazerl.tracking.mlflow_model``): its ``model/``
+    directory, or the shared-storage directory it names for large models; older versions (a
+    plain model directory, or a ``pointer.json``) resolve too. A local artifact store resolves
+    to the artifact directory itself; a remote one is downloaded into ``dst_dir`` (a temporary
+    directory if None).
     """
     import json
     from pathlib import Path
 
     import mlflow.artifacts
+
+    from mazerl.tracking.mlflow_model import weights_dir
 
     validate_model_name(registered_model)
     client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
@@ -231,12 +235,10 @@ def model_version_dir(
             mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=dst_dir, tracking_uri=tracking_uri)
         )
     pointer = local / "pointer.json"
-    if pointer.is_file():
-        target = Path(json.loads(pointer.read_text())["path"])
-        if not (target / "config.json").is_file():
-            raise RegistryError(
-                f"{registered_model} version {entry.version} points to {target}, which holds no model; "
-                "the shared storage was cleaned or is not mounted here"
-            )
-        return str(target)
-    return str(local)
+    target = weights_dir(local) or (Path(json.loads(pointer.read_text())["path"]) if pointer.is_file() else local)
+    if not (target / "config.json").is_file():
+        raise RegistryError(
+            f"{registered_model} version {entry.version} points to {target}, which holds no model; "
+            "the shared storage was cleaned or is not mounted here"
+        )
+    return str(target)

@@ -4,8 +4,11 @@
 
     checkpoints/
       latest_ckpt_global_step.txt      "N", written last (by rename)
+      base_model.json                  the base model the adapters belong to (SkyRL backend; its
+                                       trainer_state.pt has no room for it)
       global_step_<N>/
         trainer_state.pt               global step, config, data order, base-model fingerprint
+        metrics.json                   the step's metrics row (local backend), replayed on resume if missing
         policy/lora_adapter/           PEFT adapter (adapter_config.json + adapter_model.safetensors)
         policy/optimizer.pt, scheduler.pt, rng_state.pt   (local backend)
 
@@ -17,6 +20,7 @@ reader trusts only the step the marker names, and verifies that directory before
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -27,8 +31,12 @@ from typing import Any
 
 import torch
 
+from mazerl.fingerprint import mismatch, model_fingerprint
+
 MARKER = "latest_ckpt_global_step.txt"
+BASE_MODEL_RECORD = "base_model.json"
 TRAINER_STATE = "trainer_state.pt"
+METRICS = "metrics.json"
 ADAPTER_SUBDIR = Path("policy") / "lora_adapter"
 REQUIRED_FILES = (
     TRAINER_STATE,
@@ -101,11 +109,15 @@ def _write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save(root: Path, step: int, write: Callable[[Path], None], keep: int) -> Checkpoint:
+def save(
+    root: Path, step: int, write: Callable[[Path], None], keep: int, metrics: dict[str, float] | None = None
+) -> Checkpoint:
     """Build a checkpoint with ``write(tmp_dir)``, rename it into place, move the marker, prune.
 
     A crash at any point leaves the marker on the previous complete checkpoint: the
-    temporary directory is ignored (and cleared on the next save of that step).
+    temporary directory is ignored (and cleared on the next save of that step). ``metrics``
+    (the step's row) goes into the checkpoint too, so a crash after the marker moved but
+    before the row reached ``metrics.jsonl`` loses nothing (:func:`replay_metrics`).
     """
     root = Path(root)
     final = step_dir(root, step)
@@ -117,6 +129,8 @@ def save(root: Path, step: int, write: Callable[[Path], None], keep: int) -> Che
         tmp.mkdir()
         write(tmp)
         verify(tmp)
+        if metrics is not None:
+            (tmp / METRICS).write_text(json.dumps(metrics))
         if final.exists():  # left by a crash between rename and marker: never trusted, replace it
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -165,6 +179,50 @@ def prune(root: Path, keep: int) -> list[Path]:
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed
+
+
+def recorded_base_fingerprint(root: Path) -> str | None:
+    """The base-model fingerprint written beside the checkpoints, or None if there is no record."""
+    path = Path(root) / BASE_MODEL_RECORD
+    try:
+        return str(json.loads(path.read_text())["fingerprint"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path} is unreadable ({exc}); restore it or delete it with the checkpoints") from exc
+
+
+def record_base_model(root: Path, base_model: Path) -> str:
+    """Write ``base_model.json`` beside the checkpoints, or check the one already there.
+
+    For a backend whose own checkpoint files cannot carry the base model's fingerprint (SkyRL),
+    so that a resume and the merge can refuse adapters trained from another base model.
+    """
+    root, base_model = Path(root), Path(base_model)
+    fingerprint = model_fingerprint(base_model)
+    recorded = recorded_base_fingerprint(root)
+    if recorded is not None and recorded != fingerprint:
+        raise CheckpointError(
+            f"the checkpoints in {root} were trained from {mismatch(recorded, f'base_model {base_model}', fingerprint)}"
+            "; resume with the original base model, or use a new run_id to start a new run"
+        )
+    if recorded is None:
+        root.mkdir(parents=True, exist_ok=True)
+        record = {"fingerprint": fingerprint, "base_model": str(base_model)}
+        _write_text_atomic(root / BASE_MODEL_RECORD, json.dumps(record, indent=2) + "\n")
+    return fingerprint
+
+
+def replay_metrics(checkpoint: Checkpoint, sink: Any) -> bool:
+    """Hand the checkpoint's own metrics row to ``sink.log(step, row)`` (which records a step once).
+
+    True when the checkpoint holds a row; a SkyRL checkpoint, or one written before rows were kept, holds none.
+    """
+    path = checkpoint.path / METRICS
+    if not path.is_file():
+        return False
+    sink.log(checkpoint.step, json.loads(path.read_text()))
+    return True
 
 
 def save_trainer_state(path: Path, state: dict[str, Any]) -> None:

@@ -7,21 +7,52 @@ checkpoint and is logged to MLflow.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import types
+import typing
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from mazerl import paths
 
+MAX_STEPS = 1_000_000
+MAX_DEFAULT_POOL = 4096
 
-class StrictModel(BaseModel):
-    """Frozen, no unknown keys: a typo in a config file is an error, not a silent default."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+def _is_number_type(annotation: Any) -> bool:
+    """int or float (alone or in a union) and not bool: the fields where pydantic would read true as 1."""
+    if annotation in (int, float):
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = typing.get_args(annotation)
+        return bool not in members and any(member in (int, float) for member in members)
+    return False
+
+
+class PlainNumbers(BaseModel):
+    """No unknown keys, finite numbers only, no booleans for numbers: pydantic alone would take
+    ``steps: true`` as 1 and ``learning_rate: Infinity`` as given."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _is_number_type(field.annotation):
+            raise ValueError(f"{info.field_name} ({value}) must be a number, not a boolean")
+        return value
+
+
+class StrictModel(PlainNumbers):
+    """Frozen, and :class:`PlainNumbers`' rules: a typo in a config file is an error, not a silent default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class LoraConfig(StrictModel):
@@ -135,7 +166,12 @@ class TrainConfig(StrictModel):
     )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="Adapter settings.")
     grpo: GrpoConfig = Field(default_factory=GrpoConfig, description="GRPO algorithm settings.")
-    steps: int = Field(100, ge=1, description="Optimizer steps (rollout batches) in the whole run.")
+    steps: int = Field(
+        100,
+        ge=1,
+        le=MAX_STEPS,
+        description=f"Optimizer steps (rollout batches) in the whole run (at most {MAX_STEPS:,}: more is a typo).",
+    )
     mazes_per_step: int = Field(16, ge=1, description="Distinct mazes per step; each is played samples_per_maze times.")
     mini_batch_mazes: int | None = Field(
         None,
@@ -144,10 +180,11 @@ class TrainConfig(StrictModel):
         "None: the whole step, one optimizer step per epoch. Must divide mazes_per_step.",
     )
     train_pool_size: int = Field(
-        4096,
+        MAX_DEFAULT_POOL,
         ge=1,
-        description="Distinct training mazes, from seeds 10^6 upwards, never a layout of the eval set "
-        "(the 7x7 world has 768 mazes in all, so at most 512 there).",
+        description="Distinct training mazes, from seeds 10^6 upwards, never a layout of the eval set. Unset: "
+        f"every maze the world offers outside the eval set, at most {MAX_DEFAULT_POOL} (the 7x7 world has 768 "
+        "mazes in all, so 512 there); a larger value than the world offers is refused.",
     )
     learning_rate: float = Field(1e-4, description="AdamW learning rate for the LoRA weights.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
@@ -166,6 +203,17 @@ class TrainConfig(StrictModel):
     torch_threads: int | None = Field(None, ge=1, description="torch CPU threads (local backend); None: torch default.")
     mlflow: MlflowSettings = Field(default_factory=MlflowSettings, description="Where metrics go.")
     skyrl: SkyrlSettings = Field(default_factory=SkyrlSettings, description="GPU cluster settings (skyrl backend).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pool_from_the_world(cls, data: Any) -> Any:
+        """An unset train_pool_size is the world's whole pool outside the eval set, at most MAX_DEFAULT_POOL."""
+        if isinstance(data, dict) and data.get("train_pool_size") is None:
+            capacity = _world_capacity(data.get("eval_set", cls.model_fields["eval_set"].default))
+            data = {k: v for k, v in data.items() if k != "train_pool_size"}
+            if capacity is not None:
+                data["train_pool_size"] = min(MAX_DEFAULT_POOL, capacity)
+        return data
 
     @field_validator("max_turns")
     @classmethod
@@ -214,6 +262,13 @@ class TrainConfig(StrictModel):
                 "so every optimizer step sees whole GRPO groups; e.g. set it to a divisor such as "
                 f"{max(d for d in range(1, self.mazes_per_step + 1) if self.mazes_per_step % d == 0 and d <= self.mini_batch_mazes)}"
             )
+        capacity = _world_capacity(self.eval_set)
+        if capacity is not None and self.train_pool_size > capacity:
+            raise ValueError(
+                f"train_pool_size ({self.train_pool_size}) is more than the world of eval set {self.eval_set} offers "
+                f"outside the set ({capacity} distinct mazes); lower train_pool_size to at most {capacity}, or leave "
+                "it unset for the largest pool the world allows"
+            )
         if self.backend == "skyrl":
             placement = self.skyrl.num_gpus * self.skyrl.num_nodes
             if placement % self.skyrl.tensor_parallel_size:
@@ -222,6 +277,14 @@ class TrainConfig(StrictModel):
                     f"({self.skyrl.tensor_parallel_size}) so every vLLM engine gets whole GPUs"
                 )
         return self
+
+    def identity(self) -> dict[str, str]:
+        """What makes two training jobs the same training (the submitter's cross-run re-attach):
+        a digest of every setting except the names a pipeline run gives it (``run_id``, the MLflow
+        run), the data root, and the run directory it writes into (``run_id``)."""
+        settings = self.model_dump(mode="json", exclude={"run_id": True, "mlflow": {"run_id"}})
+        digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+        return {"config_digest": digest, "data_root": str(self.data_root), "run_id": self.run_id}
 
     # Derived locations (design section 2).
     @property
@@ -239,6 +302,17 @@ class TrainConfig(StrictModel):
     @property
     def group_size(self) -> int:
         return self.grpo.samples_per_maze
+
+
+def _world_capacity(eval_set: str) -> int | None:
+    """Mazes of the named set's world outside it; None if the set does not load (its own check reports that)."""
+    from envs.evalset import EvalSetError, load
+    from mazerl.training.data import world_capacity
+
+    try:
+        return world_capacity(load(eval_set))
+    except (EvalSetError, TypeError, KeyError, ValueError):
+        return None
 
 
 def load_config(path: str | os.PathLike) -> TrainConfig:

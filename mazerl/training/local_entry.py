@@ -2,6 +2,10 @@
 
 Exit codes are the submitter's contract: 0 the run completed (or was already complete),
 2 a configuration error (retrying cannot help), 1 anything else (retry from the checkpoint).
+Configuration errors are every ``ValueError``, as in ``skyrl_entry``: the config's own checks,
+a training pool larger than the world, PEFT's "target modules not found", a model that does
+not load. Training is deterministic from its checkpoint, so a retry would meet them again;
+I/O and runtime failures (``OSError``, ``RuntimeError``, a full disk) are retried.
 MLflow: the tracking URI and run id come from the config, else from ``MLFLOW_TRACKING_URI``
 and ``MLFLOW_RUN_ID`` (set by the orchestrator for the ``train`` child run).
 """
@@ -13,7 +17,7 @@ import os
 import sys
 import traceback
 
-from pydantic import ValidationError
+import yaml
 
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG_ERROR = 0, 1, 2
 
@@ -58,12 +62,19 @@ def _connect_to_ray() -> None:
         log(f"warning: no Ray metrics export ({type(exc).__name__}: {exc})")
 
 
+def _named(exc: Exception) -> str:
+    """The error, with the config field it is about when the library's own text does not say."""
+    text = str(exc)
+    if "target modules" in text.lower() and "lora.target_modules" not in text:
+        return f"lora.target_modules matches no layer of the model: {text}; name linear layers it has (e.g. q_proj)"
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", required=True, help="training config file (JSON or YAML)")
     args = parser.parse_args(argv)
 
-    from mazerl.policy.loader import ModelLoadError
     from mazerl.training.checkpoints import CheckpointError, CheckpointWriteError
     from mazerl.training.config import load_config
     from mazerl.training.local_trainer import LocalGRPOTrainer, TrainingConfigError
@@ -73,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         if config.backend != "local":
             raise TrainingConfigError(f"backend={config.backend!r}: this entrypoint runs the local backend only")
         trainer = LocalGRPOTrainer(config, log=log)
-    except (ValidationError, TrainingConfigError, CheckpointError, ModelLoadError, FileNotFoundError) as exc:
+    except (ValueError, CheckpointError, FileNotFoundError, yaml.YAMLError) as exc:  # ValidationError is one
         log(f"configuration error: {exc}")
         return EXIT_CONFIG_ERROR
 
@@ -84,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     sink = StepSink(MetricsLogger(tracking_uri, run_id, config.run_dir / "metrics.jsonl", warn=log), config.run_id)
     try:
         result = trainer.run(metrics_sink=sink)
-    except (TrainingConfigError, CheckpointError, ModelLoadError) as exc:
-        log(f"configuration error: {exc}")
+    except (ValueError, CheckpointError) as exc:  # TrainingConfigError and ModelLoadError are ValueErrors
+        log(f"configuration error: {_named(exc)}")
         return EXIT_CONFIG_ERROR
     except CheckpointWriteError as exc:  # disk full, read-only: retryable once the file system has room
         log(f"training failed: {exc}")

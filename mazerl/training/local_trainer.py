@@ -388,16 +388,17 @@ class LocalGRPOTrainer:
         metrics = {
             "train/policy_loss": float(np.mean(losses)),
             "train/grad_norm": float(np.mean(grad_norms)),
-            "train/clip_fraction": float(np.mean(clip_fracs)),
             "train/optimizer_steps": float(len(grad_norms)),
         }
+        if len(grad_norms) > 1:  # one optimizer step per batch: the ratio is 1 everywhere, nothing can clip
+            metrics["train/clip_fraction"] = float(np.mean(clip_fracs))
         if grpo.kl_coef > 0:
             metrics["train/kl"] = float(np.mean(kls))
         return metrics
 
     # ---- checkpoint ------------------------------------------------------------------
 
-    def _save(self, step: int) -> checkpoints.Checkpoint:
+    def _save(self, step: int, metrics: dict[str, float] | None = None) -> checkpoints.Checkpoint:
         config = self.config
 
         def write(path: Path) -> None:
@@ -426,7 +427,7 @@ class LocalGRPOTrainer:
             )
 
         started = time.perf_counter()
-        saved = checkpoints.save(config.checkpoint_dir, step, write, keep=config.checkpoints_kept)
+        saved = checkpoints.save(config.checkpoint_dir, step, write, keep=config.checkpoints_kept, metrics=metrics)
         self.log(f"checkpoint step {step} -> {saved.path} ({time.perf_counter() - started:.1f}s)")
         return saved
 
@@ -439,6 +440,8 @@ class LocalGRPOTrainer:
         save_config(config, config.run_dir / "train_config.json")
         resume_from = self._resume_point()
         start_step = resume_from.step if resume_from else 0
+        if resume_from is not None and metrics_sink is not None:  # killed after the marker, before the row?
+            checkpoints.replay_metrics(resume_from, metrics_sink)
         if start_step >= config.steps:
             self.log(f"already complete at step {start_step} (steps={config.steps}); nothing to train")
             return self._finish(start_step, start_step, resume_from, started)
@@ -476,7 +479,7 @@ class LocalGRPOTrainer:
                 metrics.update(self._greedy_eval(step))
             if step % config.checkpoint_interval == 0 or step == config.steps:  # 6. checkpoint
                 ckpt_started = time.perf_counter()
-                last_checkpoint = self._save(step)
+                last_checkpoint = self._save(step, metrics)  # the row goes into the checkpoint too
                 metrics["train/checkpoint_seconds"] = time.perf_counter() - ckpt_started
             if metrics_sink is not None:  # 5. log
                 metrics_sink.log(step, metrics)

@@ -40,9 +40,12 @@ from mazerl.training.data import training_pool
 
 SCHEMA_PATH = Path(__file__).with_name("skyrl_schema.json")
 TRAIN_DATA_SOURCE = "maze2d-train"
-# SkyRL's PromptDataset filters rows whose prompt is longer than max_prompt_length tokens and
-# then ignores it: MazeTextEnv.init() builds the real first message (task text + frame).
-PLACEHOLDER_PROMPT = [{"role": "user", "content": "maze"}]
+# The ticket's prompt, as in SkyRL's VisGym example (examples/train/visgym/dataset.py): SkyRL's
+# PromptDataset tokenizes it for its max_prompt_length filter and the VLM generator hands it to
+# env.init(), where MazeTextEnv drops it and builds the real first message (task text + frame).
+# A one-word placeholder always passes the filter; the real prompt's length is bounded by
+# generator.max_input_length turn by turn.
+PLACEHOLDER_PROMPT = [{"role": "user", "content": "placeholder"}]
 
 # Our metric name -> the SkyRL 0.4 name it copies (trainer.py, generators/utils.py, evaluate.py,
 # workers/worker.py). "environment/solved" is the mean of MazeTextEnv.get_metrics()["solved"]:
@@ -68,6 +71,14 @@ TYPE_EXCEPTIONS: dict[str, tuple[str, str]] = {
         "peft.LoraConfig(target_modules=...) unchanged (a comma-joined string would be read as a regex)",
     ),
 }
+
+
+# The ranks vLLM accepts as ``max_lora_rank``: vllm 0.30.0 (the release skyrl[fsdp] 0.4 pins),
+# vllm/config/lora.py, ``MaxLoRARanks = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]``. SkyRL
+# hands ``trainer.policy.model.lora.rank`` to vLLM as ``max_lora_rank`` unchanged
+# (skyrl 0.4.0, backends/skyrl_train/inference_servers/utils.py), so any other rank fails at
+# vLLM start-up, after the GPUs were taken.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 class SkyrlConfigError(ValueError):
@@ -135,6 +146,12 @@ def check_supported(config: TrainConfig) -> None:
             "freeze_vision (False) is not supported by the SkyRL backend: it trains LoRA adapters on "
             "lora.target_modules only (the language model's projections); set freeze_vision: true"
         )
+    if config.lora.rank not in VLLM_LORA_RANKS:
+        allowed = ", ".join(map(str, VLLM_LORA_RANKS))
+        raise SkyrlConfigError(
+            f"lora.rank ({config.lora.rank}) is not a rank vLLM 0.30 serves: SkyRL passes it to vLLM as "
+            f"max_lora_rank, which must be one of {allowed}; use one of those (the reference run uses 32)"
+        )
     if not float(config.lora.alpha).is_integer():
         raise SkyrlConfigError(
             f"lora.alpha ({config.lora.alpha}) must be a whole number for the SkyRL backend "
@@ -176,6 +193,14 @@ def check_supported(config: TrainConfig) -> None:
             f"skyrl.max_model_len ({s.max_model_len}) must hold a whole conversation plus one reply: "
             f"max_input_length + grpo.max_new_tokens = {s.max_input_length + config.grpo.max_new_tokens}"
         )
+
+
+def placement_bundles(config: TrainConfig) -> tuple[list[dict[str, float]], str]:
+    """(bundles, strategy) of the placement group SkyRL 0.4 reserves for our colocated run
+    (``BasePPOExp.get_colocate_pg``): one ``{GPU: 1, CPU: 1}`` bundle per GPU slot of the inference
+    engines (engines x tensor parallel size; pipeline and data parallel are 1 here), packed."""
+    slots = config.skyrl.num_engines * config.skyrl.tensor_parallel_size
+    return [{"GPU": 1.0, "CPU": 1.0} for _ in range(slots)], "PACK"
 
 
 def build_overrides(config: TrainConfig) -> dict[str, Any]:

@@ -6,13 +6,18 @@ What it does, in the order it runs (SkyRL's VisGym entrypoint, plus our checks):
 2. If the checkpoint marker already names the last step, print "already complete at step N"
    and exit 0 without starting anything (SkyRL itself would train one extra step, or rewrite
    the final checkpoint in place, when resumed at the end).
-3. Write the dataset tickets (parquet) under the run directory on the shared mount.
+3. Write the dataset tickets (parquet) under the run directory on the shared mount, and the
+   base model's fingerprint beside the checkpoints (``base_model.json``: SkyRL's own
+   checkpoint files do not carry it); a resume on another base model is exit 2.
 4. Build SkyRL's config with ``SkyRLTrainConfig.from_cli_overrides`` and ``validate_cfg``
    (exit 2 when SkyRL rejects it), then ``initialize_ray`` in this process, which must not
    have touched Ray before.
 5. One Ray task registers ``maze2d`` (the generator builds envs by id in that process),
    opens our MLflow ``train`` run, and runs ``BasePPOExp`` (its ``run()`` calls
    ``asyncio.run``, so it needs a thread with no event loop: a plain Ray task has none).
+   Its tracker also prints ``step N/M: ...`` for every finished step
+   (:mod:`mazerl.training.progress`): with ``trainer.logger=mlflow`` SkyRL prints no step
+   line itself, and the hang watchdog and the progress artifact read that line.
 6. Check that the marker names the final step; anything less is a failure, never a success.
 
 Exit codes: 0 success (or already complete); 2 configuration error, never worth a retry
@@ -42,6 +47,7 @@ from pydantic import ValidationError
 
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, load_config
+from mazerl.training.progress import tracker_hook
 from mazerl.training.skyrl_backend import (
     add_metric_aliases,
     build_overrides,
@@ -67,8 +73,13 @@ def task_runtime_env(tracking_uri: str, run_id: str | None, ship_code: bool) -> 
     """Runtime env of the Ray task that runs SkyRL's trainer and generator (and so our env).
 
     SkyRL forwards only ``MLFLOW_TRACKING_URI``/``MLFLOW_TRACKING_TOKEN`` to its workers, so the
-    run id travels here. ``ship_code`` uploads our ``envs`` and ``mazerl`` packages with the task,
-    so the env that plays the mazes is the submitted code even if the image holds an older copy.
+    run id travels here. ``ship_code`` uploads (``py_modules``) the ``envs`` and ``mazerl``
+    packages that *this entry process* imported, so the task, on whichever node Ray places it,
+    plays the mazes with the same code as the entry that checked the config. Which code that is
+    is decided by the job's own runtime env, not here: on a remote cluster the submitter sends
+    none, so it is the copy installed in the cluster image (the orchestrator's checkout is never
+    uploaded: rebuild the image to run changed code); on a head on the submitting machine it is
+    the submitter's checkout, put on ``PYTHONPATH``.
     """
     env_vars = {"MLFLOW_TRACKING_URI": tracking_uri}
     if run_id:
@@ -88,30 +99,36 @@ def completed_step(config: TrainConfig) -> int | None:
     return None if latest is None else latest.step
 
 
+def wire_tracker(tracker: Any, cfg: Any) -> Any:
+    """SkyRL's ``Tracking`` with our additions to every ``log`` call: our metric names (design
+    section 5), the Grafana gauges, and the ``step N/M:`` line of each finished step (the source
+    the hang watchdog and the progress artifact read; SkyRL prints none with ``logger=mlflow``)."""
+    from mazerl.cluster.metrics import TrainingMetrics
+
+    report = tracker_hook(tracker.log, total_steps=int(cfg.trainer.max_training_steps))
+    gauges = TrainingMetrics(run_id=str(cfg.trainer.run_name), backend="skyrl")
+
+    def log_with_aliases(data: dict, step: int, commit: bool = False) -> None:
+        named = add_metric_aliases(data)
+        report(named, step, commit=commit)
+        gauges.record(  # the Grafana dashboard's ray_mazerl_train_* series
+            step,
+            reward_mean=named.get("train/reward_mean"),
+            success_rate=named.get("train/success_rate"),
+            step_seconds=named.get("train/step_seconds"),
+        )
+
+    tracker.log = log_with_aliases
+    return tracker
+
+
 def _experiment_class() -> type:
-    """``BasePPOExp`` whose tracker also logs our metric names (design section 5)."""
+    """``BasePPOExp`` whose tracker is wired by :func:`wire_tracker`."""
     from skyrl.train.entrypoints.main_base import BasePPOExp
 
     class MazePPOExp(BasePPOExp):
         def get_tracker(self):  # noqa: ANN202 (SkyRL's Tracking)
-            from mazerl.cluster.metrics import TrainingMetrics
-
-            tracker = super().get_tracker()
-            skyrl_log = tracker.log
-            gauges = TrainingMetrics(run_id=str(self.cfg.trainer.run_name), backend="skyrl")
-
-            def log_with_aliases(data: dict, step: int, commit: bool = False) -> None:
-                named = add_metric_aliases(data)
-                skyrl_log(named, step, commit=commit)
-                gauges.record(  # the Grafana dashboard's ray_mazerl_train_* series
-                    step,
-                    reward_mean=named.get("train/reward_mean"),
-                    success_rate=named.get("train/success_rate"),
-                    step_seconds=named.get("train/step_seconds"),
-                )
-
-            tracker.log = log_with_aliases
-            return tracker
+            return wire_tracker(super().get_tracker(), self.cfg)
 
     return MazePPOExp
 
@@ -227,6 +244,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(overrides, indent=2, sort_keys=True))
         return EXIT_OK
 
+    try:  # SkyRL's trainer_state.pt has no base-model fingerprint: keep one beside the checkpoints
+        checkpoints.record_base_model(config.checkpoint_dir, config.base_model)
+    except (OSError, checkpoints.CheckpointError) as error:
+        log(f"configuration error: {error}")
+        return EXIT_CONFIG
     missing = skyrl_available()
     if missing:
         log(f"configuration error: {missing}; backend: skyrl runs in the GPU cluster image (deployments/docker)")

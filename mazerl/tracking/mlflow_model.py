@@ -1,0 +1,175 @@
+"""The merged policy as an MLflow model (the ``transformers`` flavour), so the registry holds a real model.
+
+What MLflow 3's transformers flavour can and cannot do for an image-text-to-text model such
+as Qwen3-VL decides the layout:
+
+- It refuses to build a ``Pipeline`` for a model logged with a ``processor`` and cannot guess
+  one for an image-text-to-text pipeline without it, so the model loads as components only::
+
+      components = mlflow.transformers.load_model("models:/maze-vlm@champion", return_type="components")
+      # {"task", "model", "tokenizer" (with the chat template), "image_processor"}
+
+  The processor's parts are logged as the pipeline's components: the tokenizer and the image
+  processor (the PIL one where torchvision is missing, which loads everywhere).
+- Its local-checkpoint mode (a path instead of a pipeline) fails with transformers 5, so the
+  model is loaded once here to be saved.
+- The ``python_function`` flavour it adds would fail to load for the same reason (no pipeline),
+  so it is removed: ``mlflow models serve`` cannot serve this task with MLflow 3.
+
+The model is written where the merged weights are, by the merge's Ray job
+(:func:`write_mlflow_model`, called from ``mazerl.tracking.merge_entry``): saving loads the whole
+model, which a flow-run pod has no memory for. The merge task then only uploads the directory.
+
+``model/`` also gets the processor files, so it is a complete Hugging Face directory that
+mazerl's loader (and vLLM) read as is. Above the artifact size limit the weights stay where
+they are: ``model/`` is dropped and the flavour names the directory as
+``local_base_model_path`` (MLflow's own key for weights outside the artifact; ``load_model``
+takes ``base_model_path=`` where the shared storage is mounted elsewhere).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from mazerl.paths import dir_size_mb
+
+FLAVOR = "transformers"
+TASK = "image-text-to-text"
+MODEL_SUBDIR = "model"  # MLflow's name for the weights directory inside the model
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def input_example(eval_set: str) -> dict[str, Any]:
+    """The policy's first turn on maze 0 of ``eval_set``: the task text and the frame as a data URI."""
+    from envs.evalset import load
+    from envs.maze import MazeEnv
+    from envs.skyrl_env import image_message
+
+    loaded = load(eval_set)
+    layout = loaded.layouts[0]
+    env = MazeEnv(size=layout.size, cell_px=loaded.cell_px, max_moves=loaded.max_moves)
+    frame, _ = env.reset(layout=layout)
+    return {"messages": [image_message(env.prompt(), frame)]}
+
+
+def _model_card(model_dir: Path, record: dict[str, Any]) -> Any:
+    """A model card written here: MLflow would otherwise ask the Hugging Face Hub for one."""
+    from huggingface_hub import ModelCard
+
+    lines = [
+        "---",
+        "tags: [mazerl, grpo, lora, maze]",
+        "---",
+        "# Merged mazerl maze policy",
+        "",
+        f"LoRA adapter of checkpoint step {record.get('checkpoint_step')} merged into `{record.get('base_model_dir')}`.",
+        f"Merged directory: `{model_dir}`. Load it with `mlflow.transformers.load_model(uri, return_type='components')`.",
+    ]
+    return ModelCard("\n".join(lines) + "\n")
+
+
+def save_transformers_model(
+    model_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    eval_set: str,
+    keep_weights: bool = True,
+    record: dict[str, Any] | None = None,
+) -> Path:
+    """Save the Hugging Face directory ``model_dir`` as an MLflow transformers model in ``out_dir``.
+
+    ``keep_weights=False`` leaves the weights in ``model_dir`` and records that path instead
+    (for models too large to copy into the tracking store). Returns ``out_dir``.
+    """
+    import mlflow.transformers
+    import torch
+    import transformers
+    from mlflow.models import Model, infer_signature
+
+    from mazerl.policy.loader import load_processor
+
+    model_dir, out_dir = Path(model_dir).resolve(), Path(out_dir)
+    processor = load_processor(model_dir)
+    pipeline = transformers.pipeline(TASK, model=str(model_dir), processor=processor, dtype="auto")
+    example = input_example(eval_set)
+    mlflow.transformers.save_model(
+        pipeline,
+        str(out_dir),
+        model_card=_model_card(model_dir, record or {}),
+        input_example=example,
+        signature=infer_signature(example, "('move', 0)"),  # the reply: one action as text
+        pip_requirements=[
+            f"transformers=={transformers.__version__}",
+            f"torch=={torch.__version__.split('+')[0]}",
+            "pillow",
+        ],
+    )
+    del pipeline
+    weights = out_dir / MODEL_SUBDIR
+    for path in model_dir.iterdir():  # the processor files, so model/ is a complete HF directory
+        if path.is_file() and not path.name.endswith(WEIGHT_SUFFIXES) and not (weights / path.name).exists():
+            shutil.copy2(path, weights / path.name)
+    mlmodel = Model.load(str(out_dir))
+    mlmodel.flavors.pop("python_function", None)
+    if not keep_weights:
+        shutil.rmtree(weights)
+        flavor = mlmodel.flavors[FLAVOR]
+        flavor.pop("model_binary", None)
+        flavor["local_base_model_path"] = str(model_dir)
+    mlmodel.save(str(out_dir / "MLmodel"))
+    return out_dir
+
+
+def write_mlflow_model(
+    model_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    eval_set: str,
+    max_artifact_mb: float,
+    record: dict[str, Any] | None = None,
+) -> Path:
+    """:func:`save_transformers_model` into ``out_dir`` under a temporary name, then renamed into place.
+
+    Weights up to ``max_artifact_mb`` go into the model; a larger model keeps them in
+    ``model_dir`` (a pointer). A previous ``out_dir`` is replaced, so a retried merge never
+    leaves a model that names other weights.
+    """
+    if max_artifact_mb < 0:
+        raise ValueError(f"max_artifact_mb={max_artifact_mb} must be >= 0 (0: always log a pointer)")
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    keep_weights = dir_size_mb(model_dir) <= max_artifact_mb
+    try:
+        save_transformers_model(model_dir, tmp, eval_set=eval_set, keep_weights=keep_weights, record=record)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def holds_weights(model_path: str | os.PathLike) -> bool:
+    """Whether a saved MLflow transformers model carries its weights (False: it points at them)."""
+    from mlflow.models import Model
+
+    return not Model.load(str(Path(model_path))).flavors[FLAVOR].get("local_base_model_path")
+
+
+def weights_dir(model_path: str | os.PathLike) -> Path | None:
+    """The Hugging Face directory of a saved MLflow transformers model (``model/`` or the external
+    weights it names); None if ``model_path`` is not one."""
+    from mlflow.models import Model
+
+    model_path = Path(model_path)
+    if not (model_path / "MLmodel").is_file():
+        return None
+    flavor = Model.load(str(model_path)).flavors.get(FLAVOR)
+    if flavor is None:
+        return None
+    if flavor.get("local_base_model_path"):
+        return Path(flavor["local_base_model_path"])
+    return model_path / flavor.get("model_binary", MODEL_SUBDIR)
