@@ -158,7 +158,8 @@ def report(args: argparse.Namespace) -> None:
     grpo = config["grpo"]
     body = "\n".join(
         [
-            "## The embedded recipe over three seeds (`bench/learning_result.py`)",
+            f"## The embedded recipe over {len(runs)} training seed{'s' if len(runs) > 1 else ''} "
+            "(`bench/learning_result.py`)",
             "",
             f"`mazerl.params.EMBEDDED_TRAINING`: {config['steps']} steps of {config['mazes_per_step']} mazes x "
             f"{grpo['samples_per_maze']} samples, {grpo['update_epochs']} clipped epochs per batch (clip "
