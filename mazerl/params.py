@@ -76,6 +76,7 @@ ExperimentName = Annotated[str, AfterValidator(_check_experiment)]
 # rank-4 adapter). What the pipeline tests and the orchestration benchmark run; learns nothing.
 MINIATURE_TRAINING: dict[str, Any] = {
     "history_images": 1,
+    "history_text": 0,
     "max_turns": 3,
     "steps": 2,
     "mazes_per_step": 1,
@@ -89,14 +90,15 @@ MINIATURE_TRAINING: dict[str, Any] = {
 # The embedded learning recipe (docs/performance.md has its measured curve).
 EMBEDDED_TRAINING: dict[str, Any] = {
     "history_images": 1,
-    "steps": 32,
+    "history_text": 0,
+    "steps": 100,
     "mazes_per_step": 16,
     "train_pool_size": 512,
     "learning_rate": 1e-3,
-    "checkpoint_interval": 8,
+    "checkpoint_interval": 25,
     "checkpoints_kept": 2,
-    "eval_interval": 8,
-    "eval_mazes": 64,
+    "eval_interval": 25,
+    "eval_mazes": None,  # all 256: the periodic evals are on the same set as the baseline
     "torch_threads": 2,
     "grpo": {"samples_per_maze": 8, "update_epochs": 1, "temperature": 0.7, "max_new_tokens": 12},
 }

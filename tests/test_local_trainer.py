@@ -162,11 +162,11 @@ def test_mini_batches_hold_whole_groups_in_rollout_order():
 def test_mini_batches_take_one_optimizer_step_each_and_score_old_log_probs_first(
     tmp_path, starter_model_dir, monkeypatch
 ):
-    from mazerl.training import local_trainer
+    from mazerl.training.scoring import PackedScorer
 
     # given 2 mazes per step split into mini-batches of 1 maze, 2 update epochs, rewards that vary,
     config = tiny_config(tmp_path, starter_model_dir, steps=3, mazes_per_step=2, mini_batch_mazes=1)
-    scoring = local_trainer.reply_log_probs
+    scoring = PackedScorer.log_probs
     calls, steps = [], []  # calls: grad enabled?, per log-prob pass; steps: (metrics, that step's calls)
 
     def recorded(*args, **kwargs):
@@ -178,7 +178,7 @@ def test_mini_batches_take_one_optimizer_step_each_and_score_old_log_probs_first
             steps.append((metrics, calls.copy()))
             calls.clear()
 
-    monkeypatch.setattr(local_trainer, "reply_log_probs", recorded)
+    monkeypatch.setattr(PackedScorer, "log_probs", recorded)
     LocalGRPOTrainer(config, log=lambda _: None).run(metrics_sink=Sink())
     # when a step has two mini-batches with samples,
     split = [(m, c) for m, c in steps if m.get("train/optimizer_steps") == 4.0]

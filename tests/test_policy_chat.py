@@ -126,3 +126,51 @@ def test_fifteen_frames_fit_the_model_context(processor, starter_model_dir):
     # then it holds 15 frames and stays within the model's context
     assert len(images) == 15
     assert len(ids) < limit, f"{len(ids)} tokens exceed the context of {limit}"
+
+
+def test_history_text_zero_makes_the_context_a_function_of_the_frame(processor):
+    # given 6 turns back and forth (revisiting cells, bumping walls on the way)
+    env = MazeEnv(size=7, cell_px=16, max_moves=50)
+    frame, _ = env.reset(seed=3)
+    conversation = Conversation.start(env.prompt(), frame)
+    contexts = [render(processor, conversation, 1, 0)]
+    for action in (0, 2, 3, 1, 0, 2):
+        text = action_text(action)
+        ids = [*processor.tokenizer(text, add_special_tokens=False)["input_ids"], end_of_turn_id(processor)]
+        frame, _, _, _, info = env.step(text)
+        conversation.add_reply(ids, text)
+        conversation.add_observation(info["feedback"], frame)
+        contexts.append(render(processor, conversation, 1, 0))
+    # then each context is the task prompt with the current frame, one user message
+    for (ids, images), observation in zip(contexts, conversation.observations, strict=True):
+        assert len(images) == 1 and np.array_equal(images[0], observation.frame)
+        assert processor.tokenizer.decode(ids).count("<|im_start|>") == 2  # the user message + the generation prompt
+    # and the token ids never change: a context differs from another only by its frame, so
+    # identical states give identical contexts
+    assert len({tuple(ids) for ids, _ in contexts}) == 1
+    assert len({images[0].tobytes() for _, images in contexts}) < len(contexts), "the walk revisits a state"
+
+
+@pytest.mark.parametrize("history_text", [1, 2, 3])
+def test_history_text_k_keeps_the_prompt_and_the_last_k_exchanges(processor, history_text):
+    # given 5 turns (replies are all "move right", feedback lines differ by wall bumps)
+    conversation, replies = play(processor, 5)
+    ids, images = render(processor, conversation, 1, history_text)
+    text = processor.tokenizer.decode(ids)
+    # then the prompt, K replies and the last K feedback lines are there, and the current frame
+    assert text.startswith("<|im_start|>user\n" + conversation.observations[0].text)
+    assert text.count("<|im_start|>assistant\n") == history_text + 1  # K replies + the generation prompt
+    assert np.array_equal(images[-1], conversation.observations[-1].frame) and len(images) == 1
+    for observation in conversation.observations[-history_text:]:
+        assert observation.text in text
+    # and it is the tail of the full-history context: the same last K exchanges, token for token
+    full, _ = render(processor, conversation, 1, "all")
+    tail = ids[ids.index(end_of_turn_id(processor)) + 2 :]  # after the prompt message's <|im_end|>\n
+    assert full[-len(tail) :] == tail
+
+
+@pytest.mark.parametrize("bad", [-1, "last", None, 1.5, True])
+def test_bad_history_text_is_refused_with_the_fix(processor, bad):
+    conversation, _ = play(processor, 0)
+    with pytest.raises(ChatError, match="history_text"):
+        render(processor, conversation, history_images=1, history_text=bad)

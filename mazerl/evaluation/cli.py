@@ -46,6 +46,9 @@ def add_eval_command(subparsers: argparse._SubParsersAction) -> None:
         "--ray-address", default=None, help="Ray cluster address; default: the embedded local head (loopback only)"
     )
     parser.add_argument("--history-images", type=_history, default=None, help="'all' or K; default: the model's")
+    parser.add_argument(
+        "--history-text", type=_history, default=None, help="'all' or K past exchanges; default: the model's"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--data-root", default=None, help="data root (default $MAZERL_HOME or ./.mazerl)")
     parser.set_defaults(func=run_eval_command)
@@ -134,6 +137,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
             max_mazes=args.max_mazes,
             ray_address=args.ray_address,
             history_images=args.history_images,
+            history_text=args.history_text,
             max_new_tokens=args.max_new_tokens,
             progress=progress,
         )

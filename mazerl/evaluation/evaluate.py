@@ -91,12 +91,16 @@ class EvalReport:
 
 def default_history_images(model_dir: Path) -> int | str:
     """How the model expects its context: the starter records it; other models get every frame (the reference)."""
-    from mazerl.policy.starter import RECORD_FILE
+    from mazerl.policy.starter import recorded_context_mode
 
-    record = model_dir / RECORD_FILE
-    if record.is_file():
-        return json.loads(record.read_text())["config"]["history_images"]
-    return "all"
+    return recorded_context_mode(model_dir)[0]
+
+
+def default_history_text(model_dir: Path) -> int | str:
+    """How much past text the model expects: the starter records it; other models get all of it (the reference)."""
+    from mazerl.policy.starter import recorded_context_mode
+
+    return recorded_context_mode(model_dir)[1]
 
 
 def _check_arguments(
@@ -143,6 +147,7 @@ def evaluate(
     max_mazes: int | None = None,
     ray_address: str | None = None,
     history_images: int | str | None = None,
+    history_text: int | str | None = None,
     action_format: str = "tuple",
     max_new_tokens: int = 24,
     chunk_size: int = 32,
@@ -153,7 +158,7 @@ def evaluate(
 ) -> EvalReport:
     """Evaluate a model (optionally with a LoRA ``adapter``) greedily on every maze of ``eval_set``.
 
-    ``history_images``: None uses the model's recorded setting (the starter's) or "all".
+    ``history_images``, ``history_text``: None uses the model's recorded setting (the starter's) or "all".
     ``gpus_per_worker``: None gives each worker one GPU for vllm and none for hf.
     ``progress(done, total)`` is called as chunks of mazes finish.
     """
@@ -167,9 +172,11 @@ def evaluate(
     mazes = load_eval_set(eval_set)
     count = len(mazes) if max_mazes is None else min(max_mazes, len(mazes))
     history = default_history_images(model_dir) if history_images is None else history_images
-    from mazerl.policy.chat import check_history_images
+    text = default_history_text(model_dir) if history_text is None else history_text
+    from mazerl.policy.chat import check_history_images, check_history_text
 
     check_history_images(history)
+    check_history_text(text)
     out_dir = Path(out_dir).expanduser().resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     job = EvalJob(
@@ -178,6 +185,7 @@ def evaluate(
         engine=engine,
         eval_set=eval_set,
         history_images=history,
+        history_text=text,
         action_format=action_format,
         max_new_tokens=max_new_tokens,
         threads=threads_per_worker,
@@ -309,6 +317,7 @@ def _summary(
             "engine": job.engine,
             "decoding": "greedy",
             "history_images": job.history_images,
+            "history_text": job.history_text,
             "action_format": job.action_format,
             "max_new_tokens": job.max_new_tokens,
             "max_mazes": count,

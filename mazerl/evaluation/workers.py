@@ -26,6 +26,7 @@ class EvalJob:
     engine: str  # "hf" or "vllm"
     eval_set: str
     history_images: int | str
+    history_text: int | str
     action_format: str
     max_new_tokens: int
     threads: int  # torch CPU threads per worker
@@ -44,10 +45,12 @@ def make_engine(job: EvalJob) -> tuple[Any, Any]:
     from mazerl.policy.loader import load_policy, load_processor
 
     if job.engine == "hf":
-        from mazerl.policy.engines import HFEngine
+        from mazerl.policy.prefix_engine import PrefixCachingEngine
+        from mazerl.policy.vision_cache import VisionCache
 
         policy = load_policy(job.model_dir, adapter_dir=job.adapter_dir, device=job.device)
-        return HFEngine.from_policy(policy), policy.processor
+        VisionCache().attach(policy.model)  # eval never changes the weights: encode each frame once
+        return PrefixCachingEngine.from_policy(policy), policy.processor
     if job.engine == "vllm":
         from mazerl.policy.vllm_engine import VLLMEngine
 
@@ -95,6 +98,7 @@ class EvalWorker:
             action_format=job.action_format,
             cell_px=eval_set.cell_px,
             history_images=job.history_images,
+            history_text=job.history_text,
             keep_frames=job.gif_candidates > 0,
         )
         rows = [result_row(i, eval_set.seeds[i], e) for i, e in zip(indices, episodes, strict=True)]

@@ -11,10 +11,21 @@ token ids* verbatim instead of re-tokenising its text, so a recorded context alw
 extends the previous turn's context plus its reply, token for token, whatever the
 tokenizer would have made of the decoded text.
 
-``history_images`` keeps the frames of the last K observations (``"all"``: every frame,
-as the reference does); earlier observations keep their feedback text only. User messages
-put the text before the image (as the skyrl-gym adapter does), so dropping an old frame
-never changes the tokens before it.
+Two settings say how much of the past a context shows (the *context mode*):
+
+- ``history_text``: how many past exchanges (a reply and the feedback after it) stay in the
+  context as text. ``"all"`` (the reference) keeps every one; K keeps the task prompt and the
+  last K exchanges; 0 keeps the task prompt alone, with the current frame attached to it.
+  With 0 or 1 a context is a function of the state the policy is in (its frame, and with 1
+  the last reply and feedback line, e.g. "Cannot move into a wall."), so identical states give
+  identical contexts, which the inference and scoring paths compute once (a Markov policy:
+  the maze's optimal action depends on the frame alone).
+- ``history_images``: the frames of the last K shown observations (``"all"``: every frame, as
+  the reference does); older shown observations keep their feedback text only.
+
+User messages put the text before the image (as the skyrl-gym adapter does), so dropping an
+old frame never changes the tokens before it. With both settings ``"all"`` every context
+extends the previous context plus its reply, token for token.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ import numpy as np
 import torch
 
 HistoryImages = int | Literal["all"]
+HistoryText = int | Literal["all"]
 
 # Private-use characters: never produced by a tokenizer's decode of ordinary text, and
 # passed through unchanged by chat templates.
@@ -84,6 +96,23 @@ def check_history_images(history_images: HistoryImages) -> HistoryImages:
     raise ChatError(f"history_images={history_images!r} must be 'all' or an integer >= 1 (e.g. 1: current frame only)")
 
 
+def check_history_text(history_text: HistoryText) -> HistoryText:
+    """``"all"`` or an integer >= 0; anything else is refused with the fix."""
+    if history_text == "all" or (
+        isinstance(history_text, int) and not isinstance(history_text, bool) and history_text >= 0
+    ):
+        return history_text
+    raise ChatError(
+        f"history_text={history_text!r} must be 'all' or an integer >= 0 (0: the task prompt and the current frame "
+        "only; 1: also the last reply and its feedback)"
+    )
+
+
+def extends_previous(history_images: HistoryImages, history_text: HistoryText) -> bool:
+    """Whether every context extends the previous context plus its reply (nothing ever leaves it)."""
+    return history_images == "all" and history_text == "all"
+
+
 def _special_id(tokenizer: Any, token: str) -> int:
     token_id = tokenizer.convert_tokens_to_ids(token)
     if token_id is None or token_id == tokenizer.unk_token_id:
@@ -112,36 +141,50 @@ def image_tokens_per_frame(processor: Any, height: int, width: int) -> int:
     return int(patches // image_processor.merge_size**2)
 
 
-def _messages(conversation: Conversation, history_images: HistoryImages) -> tuple[list[dict], list[np.ndarray]]:
+def _messages(
+    conversation: Conversation, history_images: HistoryImages, history_text: HistoryText
+) -> tuple[list[dict], list[np.ndarray], list[int]]:
+    """Chat messages of the context, its frames in order, and the indices of the replies it shows."""
     observations = conversation.observations
-    keep_from = 0 if history_images == "all" else max(0, len(observations) - history_images)
+    current = len(observations) - 1
+    first_exchange = 0 if history_text == "all" or current <= history_text else current - history_text
+    # Shown observations: the task prompt, then the one after each shown reply. With no exchange
+    # shown (history_text 0, after the first turn) the current frame joins the task prompt.
+    shown = [0, *range(first_exchange + 1, current + 1)]
+    framed = shown if history_images == "all" else shown[-history_images:]
     messages: list[dict] = []
     images: list[np.ndarray] = []
-    for index, observation in enumerate(observations):
-        content: list[dict] = [{"type": "text", "text": observation.text}]
-        if index >= keep_from:
+    for position, index in enumerate(shown):
+        if position > 0:
+            messages.append({"role": "assistant", "content": _REPLY_MARKER.format(index - 1)})
+        content: list[dict] = [{"type": "text", "text": observations[index].text}]
+        if index in framed:
+            frame = observations[current if len(shown) == 1 else index].frame
             content.append({"type": "image"})
-            images.append(observation.frame)
+            images.append(frame)
         messages.append({"role": "user", "content": content})
-        if index < len(conversation.replies):
-            messages.append({"role": "assistant", "content": _REPLY_MARKER.format(index)})
-    return messages, images
+    return messages, images, [index - 1 for index in shown[1:]]
 
 
 def render(
-    processor: Any, conversation: Conversation, history_images: HistoryImages = "all"
+    processor: Any,
+    conversation: Conversation,
+    history_images: HistoryImages = "all",
+    history_text: HistoryText = "all",
 ) -> tuple[list[int], list[np.ndarray]]:
     """The context the policy sees next: token ids (image pads expanded) and its frames, in order."""
     check_history_images(history_images)
+    check_history_text(history_text)
     if len(conversation.observations) != len(conversation.replies) + 1:
         raise ChatError("render: the conversation must end with an observation (the policy's turn)")
-    messages, images = _messages(conversation, history_images)
+    messages, images, shown_replies = _messages(conversation, history_images, history_text)
     text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     tokenizer = processor.tokenizer
     eot = end_of_turn_id(processor)
     ids: list[int] = []
     rest = text
-    for index, reply in enumerate(conversation.replies):
+    for index in shown_replies:
+        reply = conversation.replies[index]
         before, found, rest = rest.partition(_REPLY_MARKER.format(index))
         if not found:
             raise ChatError(f"the chat template dropped assistant reply {index}; mazerl needs one that renders them")

@@ -61,14 +61,28 @@ class GenerationSettings:
 
 @dataclass(frozen=True)
 class GenerationResult:
-    """Generated ids (end-of-turn token included when produced) and their text without special tokens."""
+    """Generated ids (end-of-turn token included when produced) and their text without special tokens.
+
+    ``log_probs``: per reply token, log-softmax of the raw logits over the sampling temperature
+    (what the trainer scores), where the engine reports them.
+    """
 
     response_ids: list[int]
     text: str
+    log_probs: list[float] | None = None
 
 
 class InferenceEngine(Protocol):
     def generate(self, requests: list[GenerationRequest], settings: GenerationSettings) -> list[GenerationResult]: ...
+
+
+def stop_ids(model: torch.nn.Module, processor: Any) -> set[int]:
+    """The end-of-turn token and the model's configured end-of-sequence tokens."""
+    ids = {end_of_turn_id(processor)}
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if configured is not None:
+        ids |= {int(configured)} if isinstance(configured, int) else {int(i) for i in configured}
+    return ids
 
 
 def banned_token_ids(processor: Any, stop_ids: list[int]) -> list[int]:
@@ -94,29 +108,13 @@ class HFEngine:
         self.processor = processor
         self.max_batch_size = max_batch_size
         self.device = next(model.parameters()).device
-        self.eos_ids = sorted(self._stop_ids())
+        self.eos_ids = sorted(stop_ids(model, processor))
         self.pad_id = pad_id(processor)
         self.banned_ids = banned_token_ids(processor, self.eos_ids)
-        self.suppressed_ids = self._suppressed_ids()
 
     @staticmethod
     def from_policy(policy: Any, max_batch_size: int = 64) -> HFEngine:
         return HFEngine(policy.model, policy.processor, max_batch_size)
-
-    def _stop_ids(self) -> set[int]:
-        ids = {end_of_turn_id(self.processor)}
-        configured = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        if configured is not None:
-            ids |= {int(configured)} if isinstance(configured, int) else {int(i) for i in configured}
-        return ids
-
-    def _suppressed_ids(self) -> list[int]:
-        """Special tokens a reply must never contain (vision placeholders, turn openers): only the
-        end-of-turn token may be generated. A sampled ``<|image_pad|>`` inside a reply would be
-        spliced into the next context and break the image-token/frame correspondence."""
-        tokenizer = self.processor.tokenizer
-        special = {int(i) for i, token in tokenizer.added_tokens_decoder.items() if token.special}
-        return sorted(special - set(self.eos_ids))
 
     def generate(self, requests: list[GenerationRequest], settings: GenerationSettings) -> list[GenerationResult]:
         results: list[GenerationResult] = []
@@ -137,7 +135,7 @@ class HFEngine:
             "max_new_tokens": settings.max_new_tokens,
             "eos_token_id": self.eos_ids,
             "pad_token_id": self.pad_id,
-            "suppress_tokens": self.suppressed_ids or None,
+            "suppress_tokens": self.banned_ids or None,
         }
         if settings.greedy:
             options |= {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}

@@ -21,8 +21,21 @@ import numpy as np
 import torch
 
 from envs.maze import ActionFormat, Layout, MazeEnv, optimal_moves
-from mazerl.policy.chat import Conversation, HistoryImages, check_history_images, render
-from mazerl.policy.engines import GenerationRequest, GenerationSettings, HFEngine, InferenceEngine
+from mazerl.policy.chat import (
+    Conversation,
+    HistoryImages,
+    HistoryText,
+    check_history_images,
+    check_history_text,
+    render,
+)
+from mazerl.policy.engines import (
+    GenerationRequest,
+    GenerationResult,
+    GenerationSettings,
+    HFEngine,
+    InferenceEngine,
+)
 
 
 @dataclass
@@ -32,6 +45,7 @@ class Turn:
     response_ids: list[int]  # generated tokens, the end-of-turn token included when produced
     response_text: str
     parse_ok: bool
+    log_probs: list[float] | None = None  # per reply token, where the engine reports them
 
 
 @dataclass
@@ -82,6 +96,7 @@ def run_episodes(
     action_format: ActionFormat = "tuple",
     cell_px: int = 16,
     history_images: HistoryImages = 1,
+    history_text: HistoryText = "all",
     keep_frames: bool = False,
     format_bonus: float = 0.0,
     on_turn: Callable[[int, int], None] | None = None,
@@ -96,6 +111,7 @@ def run_episodes(
     if isinstance(engine, torch.nn.Module):
         engine = HFEngine(engine, processor)
     check_history_images(history_images)
+    check_history_text(history_text)
     if format_bonus < 0:
         raise ValueError(f"format_bonus={format_bonus} must be >= 0 (0 disables it)")
     if maze_ids is not None and len(maze_ids) != len(layouts):
@@ -107,11 +123,11 @@ def run_episodes(
             break
         if on_turn is not None:
             on_turn(turn, len(active))
-        contexts = [render(processor, episode.conversation, history_images) for episode in active]
+        contexts = [render(processor, episode.conversation, history_images, history_text) for episode in active]
         requests = [GenerationRequest(input_ids=ids, images=images) for ids, images in contexts]
         results = engine.generate(requests, settings.for_turn(turn))
         for episode, (ids, images), result in zip(active, contexts, results, strict=True):
-            _advance(episode, ids, images, result.response_ids, result.text, format_bonus)
+            _advance(episode, ids, images, result, format_bonus)
     ids = maze_ids if maze_ids is not None else [f"maze/{index}" for index in range(len(layouts))]
     return [_finish(episode, maze_id) for episode, maze_id in zip(running, ids, strict=True)]
 
@@ -131,13 +147,14 @@ def _advance(
     episode: _Running,
     input_ids: list[int],
     images: list[np.ndarray],
-    response_ids: list[int],
-    text: str,
+    result: GenerationResult,
     format_bonus: float,
 ) -> None:
+    text = result.text
     frame, reward, terminated, truncated, info = episode.env.step(text)
-    episode.turns.append(Turn(input_ids, images, list(response_ids), text, bool(info["parse_ok"])))
-    episode.conversation.add_reply(response_ids, text)
+    turn = Turn(input_ids, images, list(result.response_ids), text, bool(info["parse_ok"]), result.log_probs)
+    episode.turns.append(turn)
+    episode.conversation.add_reply(result.response_ids, text)
     if episode.frames is not None:
         episode.frames.append(frame)
     episode.done = terminated or truncated

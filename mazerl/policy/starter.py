@@ -13,7 +13,9 @@ reads like any Qwen3-VL checkpoint:
    through the real processor and chat template, so the starter solves a minority of the
    embedded eval mazes, as the VisGym SFT checkpoint did for the reference run.
 
-Build it with ``mazerl build-starter`` (or let the pipeline call :func:`ensure_starter`).
+The embedded default uses the copy shipped with the package (``mazerl/policy/shipped_starter.py``:
+the same weights on every machine); ``mazerl build-starter`` rebuilds it (``--ship`` replaces
+the shipped copy), and :func:`ensure_starter` puts it under the data root.
 The directory is built under a temporary name and renamed into place, under a file lock,
 and records its config, learning curve and a weights digest in ``starter.json``.
 """
@@ -35,8 +37,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from envs.maze import ACCEPTED_FORMS, DIRECTION_WORDS, MazeEnv, action_text
 from mazerl import paths
+from mazerl.policy.shipped_starter import SHIPPED_NAME, shipped_starter
 
-STARTER_NAME = "maze-starter-v1"
+STARTER_NAME = SHIPPED_NAME  # maze-starter-v2: warm-started with Markov contexts (history_text 1)
 RECORD_FILE = "starter.json"
 SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -80,6 +83,12 @@ class StarterConfig(BaseModel):
     action_format: Literal["tuple", "keyword"] = Field("tuple", description="Action syntax taught.")
     history_images: int | Literal["all"] = Field(
         1, description="Frames in the context the starter is trained on (and should be run with)."
+    )
+    history_text: int | Literal["all"] = Field(
+        0,
+        description="Past exchanges (reply + feedback) kept as text in its contexts; 0: the task prompt and the "
+        "current frame, so the context is a function of the state (the embedded recipe trains with the same value). "
+        "With 1, the last move gave the answer away ('go back' is right in every dead end): greedy 2-cycles.",
     )
     # Architecture.
     vocab_size: int = Field(512, ge=64, description="BPE vocabulary size, special tokens included.")
@@ -401,6 +410,18 @@ def read_record(model_dir: str | os.PathLike) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def recorded_context_mode(model_dir: str | os.PathLike) -> tuple[int | str, int | str]:
+    """(history_images, history_text) a starter was warm-started with; ("all", "all") for other models.
+
+    Records written before ``history_text`` existed kept the whole text history.
+    """
+    path = Path(model_dir) / RECORD_FILE
+    if not path.is_file():
+        return "all", "all"
+    config = json.loads(path.read_text())["config"]
+    return config.get("history_images", "all"), config.get("history_text", "all")
+
+
 def starter_dir(root: str | os.PathLike | None = None) -> Path:
     return paths.models_dir(paths.data_root(root)) / STARTER_NAME
 
@@ -410,10 +431,13 @@ def ensure_starter(
     config: StarterConfig | None = None,
     log: Callable[[str], None] = print,
 ) -> Path:
-    """The starter under ``<data root>/models/maze-starter-v1``, built first if missing.
+    """The starter under ``<data root>/models/maze-starter-v2``, put there first if missing.
 
-    Concurrent callers (pipeline runs, test workers) wait on a file lock; exactly one
-    builds. A directory built with a different config is refused, never silently reused.
+    With the default config it is copied from the shipped, digest-checked data
+    (:mod:`mazerl.policy.shipped_starter`), so every machine gets the same weights; any other
+    config is built. Concurrent callers (pipeline runs, test workers) wait on a file lock;
+    exactly one copies or builds. A directory made with a different config is refused, never
+    silently reused.
     """
     from filelock import FileLock
 
@@ -421,8 +445,15 @@ def ensure_starter(
     target = starter_dir(root)
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target.parent / f".{target.name}.lock")):
-        if not target.exists():
-            log(f"starter: {target} is missing; building it (about 4 minutes on 2 cores)")
+        if not target.exists() and config == StarterConfig():
+            source = shipped_starter()
+            log(f"starter: copying the shipped {source.name} to {target}")
+            tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(source, tmp)
+            os.replace(tmp, target)
+        elif not target.exists():
+            log(f"starter: {target} is missing; building it (about 3 minutes on 2 cores)")
             build_starter(target, config, log=log)
     recorded = read_record(target).get("config")
     if recorded != config.model_dump(mode="json"):

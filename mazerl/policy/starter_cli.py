@@ -18,7 +18,12 @@ def add_build_starter_command(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("build-starter", help="build the tiny Qwen3-VL starter model (about 5-10 min)")
     parser.add_argument("--reduced", action="store_true", help="the seconds-long CI build (barely trained)")
     parser.add_argument(
-        "--out", default=None, help="model directory to create; default <data root>/models/maze-starter-v1"
+        "--out", default=None, help="model directory to create; default <data root>/models/maze-starter-v2"
+    )
+    parser.add_argument(
+        "--ship",
+        action="store_true",
+        help="replace the starter shipped with the package (mazerl/policy/starter_data) and print its digest to pin",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of initialisation and data order (default 0)")
     parser.add_argument("--data-root", default=None, help="data root (default $MAZERL_HOME or ./.mazerl)")
@@ -47,12 +52,40 @@ def run_build_starter_command(args: argparse.Namespace) -> int:
     from mazerl.preflight import InputError
 
     try:
-        out = check_build_flags(args)
+        out = None if args.ship else check_build_flags(args)  # --ship builds into the package, not --out
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     from mazerl.policy.starter import StarterConfig, build_starter
 
     config = StarterConfig.reduced_build(args.seed) if args.reduced else StarterConfig(seed=args.seed)
+    if args.ship:
+        return ship(config)
     build_starter(out, config, log=lambda line: print(line, flush=True))
+    return EXIT_OK
+
+
+def ship(config) -> int:
+    """Build into a temporary directory, then swap it in for the shipped copy and print the digest to pin."""
+    import os
+    import shutil
+    import tempfile
+
+    from mazerl.policy.shipped_starter import SHIPPED_DIR, directory_digest
+    from mazerl.policy.starter import StarterConfig, build_starter
+
+    if config != StarterConfig():
+        print("error: --ship ships the default config only (no --reduced, --seed 0)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    with tempfile.TemporaryDirectory(dir=SHIPPED_DIR.parent.parent) as tmp:
+        built = build_starter(Path(tmp) / SHIPPED_DIR.name, config, log=lambda line: print(line, flush=True))
+        old = SHIPPED_DIR.with_name(SHIPPED_DIR.name + ".old")
+        SHIPPED_DIR.parent.mkdir(parents=True, exist_ok=True)
+        if SHIPPED_DIR.exists():
+            os.replace(SHIPPED_DIR, old)
+        os.replace(built, SHIPPED_DIR)
+        shutil.rmtree(old, ignore_errors=True)
+    print(
+        f'shipped {SHIPPED_DIR}; pin it in mazerl/policy/shipped_starter.py: SHIPPED_DIGEST = "{directory_digest(SHIPPED_DIR)}"'
+    )
     return EXIT_OK

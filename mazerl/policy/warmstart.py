@@ -2,7 +2,8 @@
 
 Data. One state per (maze, agent cell): the agent stands on any open cell, the context is
 the conversation an episode would have had walking there from the start (the task
-prompt, the replies, the env's feedback, the frames kept by ``history_images``), and the
+prompt, the replies and the env's feedback kept by ``history_text``, the frames kept by
+``history_images``), and the
 answer is the solver's next action from that cell (``('stop', 'stop')`` on the target).
 The walk arrives on the cell from a random open neighbour, with random wall bumps and
 excursions mixed in (``history_noise``; see :func:`noisy_walk` for why). Contexts are rendered by
@@ -155,6 +156,7 @@ def build_states(
     max_states: int | None = None,
     seed: int = 0,
     noise: float = 0.0,
+    history_text: int | str = "all",
 ) -> list[State]:
     """The states of ``layouts`` (a seeded subset of ``max_states`` if given), rendered through the chat template.
 
@@ -178,7 +180,7 @@ def build_states(
             conversation.add_reply(replies[action], text)
             conversation.add_observation(info["feedback"], frame)
         assert env.agent == cell, f"walk to {cell} ended at {env.agent}"
-        input_ids, images = render(processor, conversation, history_images)
+        input_ids, images = render(processor, conversation, history_images, history_text)
         index = cell[0] * layout.walls.shape[1] + cell[1]
         answer = int(classes[maze][index])
         states.append(State(input_ids, images, replies[answer], classes[maze], index))
@@ -278,6 +280,7 @@ def warm_start(
         config.max_states,
         config.seed,
         config.history_noise,
+        config.history_text,
     )
     prepared = time.perf_counter() - started
     steps = max(1, math.ceil(config.epochs * len(states) / config.batch_size))

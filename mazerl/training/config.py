@@ -158,6 +158,12 @@ class TrainConfig(StrictModel):
         "all",
         description="Frames kept in the conversation: all (reference) or the last K, earlier turns kept as text.",
     )
+    history_text: int | Literal["all"] = Field(
+        "all",
+        description="Past exchanges (reply + feedback) kept as text: all (reference) or the last K; 0: the task "
+        "prompt and the current frame only. 0 or 1 make identical states give identical contexts (computed once); "
+        "a starter records the value it was warm-started with, and training it should use the same.",
+    )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="Adapter settings.")
     grpo: GrpoConfig = Field(default_factory=GrpoConfig, description="GRPO algorithm settings.")
     steps: int = Field(
@@ -246,6 +252,10 @@ class TrainConfig(StrictModel):
     def _cross_field_rules(self) -> TrainConfig:
         if self.history_images != "all" and self.history_images < 1:
             raise ValueError(f"history_images ({self.history_images}) must be 'all' or >= 1")
+        if self.history_text != "all" and self.history_text < 0:
+            raise ValueError(
+                f"history_text ({self.history_text}) must be 'all' or >= 0 (0: the task prompt and the current frame)"
+            )
         if self.mini_batch_mazes is not None and self.mazes_per_step % self.mini_batch_mazes:
             raise ValueError(
                 f"mini_batch_mazes ({self.mini_batch_mazes}) must divide mazes_per_step ({self.mazes_per_step}) "

@@ -44,13 +44,13 @@ import torch
 
 from envs.evalset import load as load_eval_set
 from mazerl.fingerprint import model_fingerprint
+from mazerl.policy.prefix_engine import PrefixCachingEngine
 from mazerl.policy.vision_cache import VisionCache
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, save_config
 from mazerl.training.data import epoch_of_step, step_indices, training_pool
 from mazerl.training.grpo import LOSS_REDUCTIONS, clipped_surrogate, group_advantages, k3_kl
-
-MICRO_BATCH_TOKENS = 8192  # tokens per forward/backward chunk; bounds activation memory
+from mazerl.training.scoring import PackedScorer, TurnSample, reply_mask
 
 
 class TrainingConfigError(ValueError):
@@ -71,17 +71,6 @@ class TrainResult:
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=2)
-
-
-@dataclass
-class TurnSample:
-    """One reply to learn from: the exact context shown, the reply, and its episode's advantage."""
-
-    input_ids: list[int]
-    images: list[np.ndarray]
-    response_ids: list[int]
-    advantage: float
-    maze_id: str = ""  # the GRPO group (its maze); mini-batches hold whole groups
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -138,27 +127,6 @@ def attach_lora(model: torch.nn.Module, config: TrainConfig, adapter_dir: Path |
     return model
 
 
-# --------------------------------------------------------------------------------------
-# Log-probabilities of replies in their recorded contexts
-# --------------------------------------------------------------------------------------
-
-
-def micro_batches(samples: list[TurnSample], max_tokens: int = MICRO_BATCH_TOKENS) -> list[list[int]]:
-    """Index groups whose padded size stays under ``max_tokens`` (samples sorted by length)."""
-    order = sorted(range(len(samples)), key=lambda i: len(samples[i].input_ids) + len(samples[i].response_ids))
-    batches, current, longest = [], [], 0
-    for index in order:
-        length = len(samples[index].input_ids) + len(samples[index].response_ids)
-        if current and max(longest, length) * (len(current) + 1) > max_tokens:
-            batches.append(current)
-            current, longest = [], 0
-        current.append(index)
-        longest = max(longest, length)
-    if current:
-        batches.append(current)
-    return batches
-
-
 def mini_batches(samples: list[TurnSample], mazes_per_batch: int | None) -> list[list[TurnSample]]:
     """Samples split into batches of ``mazes_per_batch`` whole mazes, in rollout order (None: one batch).
 
@@ -175,44 +143,21 @@ def mini_batches(samples: list[TurnSample], mazes_per_batch: int | None) -> list
     return [batches[key] for key in sorted(batches)]
 
 
-def reply_log_probs(
-    model: torch.nn.Module,
-    processor: Any,
-    samples: list[TurnSample],
-    device: torch.device,
-    temperature: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-probs of each sample's reply, (B, R) with mask (B, R), R = longest reply.
-
-    Sequences are left-padded, so every reply ends at the last position and only the last
-    R+1 logits are materialised (``logits_to_keep``), which keeps memory flat for large vocabularies.
-    """
-    from mazerl.policy.chat import model_inputs
-
-    sequences = [s.input_ids + s.response_ids for s in samples]
-    inputs = model_inputs(processor, sequences, [s.images for s in samples], padding_side="left")
-    inputs = {k: v.to(device) if hasattr(v, "to") else v for k, v in inputs.items()}
-    longest = max(len(s.response_ids) for s in samples)
-    logits = model(**inputs, logits_to_keep=longest + 1).logits[:, :-1].float()  # (B, R, V)
-    targets = inputs["input_ids"][:, -longest:]  # (B, R)
-    log_probs = torch.log_softmax(logits / temperature, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return log_probs, reply_mask(samples, device)
-
-
-def reply_mask(samples: list[TurnSample], device: torch.device) -> torch.Tensor:
-    """(B, R) 1.0 on reply tokens: each reply is right-aligned (left padding), R = longest reply."""
-    lengths = torch.tensor([len(s.response_ids) for s in samples], device=device)
-    longest = int(lengths.max())
-    return (torch.arange(longest, device=device).unsqueeze(0) >= (longest - lengths).unsqueeze(1)).float()
-
-
 # --------------------------------------------------------------------------------------
 # The trainer
 # --------------------------------------------------------------------------------------
 
 
 class LocalGRPOTrainer:
-    """Owns the model, optimizer and run directory of one local training run."""
+    """Owns the model, optimizer and run directory of one local training run.
+
+    ``engine_class`` (rollouts and periodic evals) and ``scorer_class`` (the update) are the
+    prefix-caching engine and the packed scorer; tests and ``bench/train_step.py`` swap in the
+    ``generate``-based engine and the per-turn oracle to compare the paths.
+    """
+
+    engine_class: type = PrefixCachingEngine
+    scorer_class: type = PackedScorer
 
     def __init__(self, config: TrainConfig, log: Callable[[str], None] = print) -> None:
         self.config = config
@@ -220,6 +165,15 @@ class LocalGRPOTrainer:
         self.eval_set = load_eval_set(config.eval_set)
         if config.max_turns != self.eval_set.max_moves:
             log(f"note: max_turns={config.max_turns} differs from the eval set's budget {self.eval_set.max_moves}")
+        from mazerl.policy.starter import recorded_context_mode
+
+        recorded = recorded_context_mode(config.base_model)
+        if recorded != ("all", "all") and recorded != (config.history_images, config.history_text):
+            log(
+                f"note: the base model was warm-started with history_images={recorded[0]!r}, "
+                f"history_text={recorded[1]!r} but this run trains with {config.history_images!r}, "
+                f"{config.history_text!r}; its evals after merging use the recorded mode"
+            )
         if not config.freeze_vision:
             raise TrainingConfigError(
                 "freeze_vision (False) is not supported by the local backend: LoRA adapters go on the language "
@@ -314,12 +268,12 @@ class LocalGRPOTrainer:
 
     def _play(self, layouts: list[Any], settings: Any, max_moves: int, **options: Any) -> list[Any]:
         """Episodes of the current policy (adapter merged into a copy) on ``layouts``, batched per turn."""
-        from mazerl.policy.engines import HFEngine
         from mazerl.policy.episodes import run_episodes
 
+        engine = self.engine_class(self._inference_model(), self.processor, max_batch_size=256)
         with torch.no_grad():
-            return run_episodes(
-                HFEngine(self._inference_model(), self.processor, max_batch_size=128),
+            episodes = run_episodes(
+                engine,
                 self.processor,
                 layouts,
                 settings,
@@ -327,8 +281,11 @@ class LocalGRPOTrainer:
                 action_format=self.config.action_format,
                 cell_px=self.eval_set.cell_px,
                 history_images=self.config.history_images,
+                history_text=self.config.history_text,
                 **options,
             )
+        self.last_engine = engine
+        return episodes
 
     def _inference_model(self) -> torch.nn.Module:
         """A throw-away copy with the adapter folded into the weights, for generation.
@@ -339,14 +296,23 @@ class LocalGRPOTrainer:
         """
         return self.vision_cache.attach(copy.deepcopy(self.model).merge_and_unload().eval())
 
-    def _greedy_eval(self) -> dict[str, float]:
-        """Greedy success on the (first ``eval_mazes`` of the) eval set with the current adapter."""
+    def _greedy_eval(self, step: int) -> dict[str, float]:
+        """Greedy success on the (first ``eval_mazes`` of the) eval set with the current adapter.
+
+        Per-maze rows (as the eval stage's results.jsonl) go to ``<run>/evals/step_<N>.jsonl``, so
+        a run's curve can be compared maze by maze with its baseline.
+        """
+        from mazerl.evaluation.summary import result_row, write_jsonl
         from mazerl.policy.engines import GenerationSettings
 
         config = self.config
         layouts = list(self.eval_set.layouts[: config.eval_mazes or len(self.eval_set)])
         settings = GenerationSettings(greedy=True, max_new_tokens=config.grpo.max_new_tokens)
-        episodes = self._play(layouts, settings, self.eval_set.max_moves)
+        maze_ids = [f"{self.eval_set.name}/{i}" for i in range(len(layouts))]
+        episodes = self._play(layouts, settings, self.eval_set.max_moves, maze_ids=maze_ids)
+        rows = [result_row(i, self.eval_set.seeds[i], e) for i, e in enumerate(episodes)]
+        (config.run_dir / "evals").mkdir(parents=True, exist_ok=True)
+        write_jsonl(config.run_dir / "evals" / f"step_{step:05d}.jsonl", rows)
         solved = [e for e in episodes if e.solved]
         return {
             "eval/success_rate": len(solved) / len(episodes),
@@ -358,8 +324,8 @@ class LocalGRPOTrainer:
         rewards = [episode.reward for episode in episodes]
         advantages = group_advantages(rewards, [episode.maze_id for episode in episodes])
         return [
-            TurnSample(turn.input_ids, turn.images, turn.response_ids, float(advantage), episode.maze_id)
-            for episode, advantage in zip(episodes, advantages.tolist(), strict=True)
+            TurnSample(turn.input_ids, turn.images, turn.response_ids, float(advantage), episode.maze_id, number)
+            for number, (episode, advantage) in enumerate(zip(episodes, advantages.tolist(), strict=True))
             for turn in episode.turns
             if turn.response_ids and advantage != 0.0  # zero advantage: no gradient, skip the compute
         ]
@@ -367,13 +333,16 @@ class LocalGRPOTrainer:
     def _update(self, samples: list[TurnSample]) -> dict[str, float]:
         grpo = self.config.grpo
         reduce, normaliser = LOSS_REDUCTIONS[grpo.loss_reduction]
+        scorer = self.scorer_class(self.model, self.processor, self.device, grpo.temperature)
+        self.last_scorer = scorer
         # Mini-batches of whole GRPO groups (SkyRL's policy_mini_batch_size): one optimizer step
-        # each; each is cut into micro-batches (chunks) that bound activation memory.
+        # each. The scorer lays a mini-batch out once (each distinct token computed once, see
+        # mazerl/training/scoring.py) in chunks (micro-batches) that bound activation memory.
         minis = []
         for group in mini_batches(samples, self.config.mini_batch_mazes):
-            chunks = [[group[i] for i in batch] for batch in micro_batches(group)]
-            masks = [reply_mask(chunk, self.device) for chunk in chunks]
-            minis.append((chunks, masks, normaliser(masks)))
+            chunks = scorer.prepare(group)
+            masks = [reply_mask([group[i] for i in chunk.samples], self.device) for chunk in chunks]
+            minis.append((group, chunks, normaliser(masks)))
         # 3. old log-probs. With one mini-batch the first update epoch runs before any optimizer
         # step, so its own forward pass gives them (detached). With several, later mini-batches
         # would see an already-updated policy, so a no-grad scoring pass comes first.
@@ -381,25 +350,26 @@ class LocalGRPOTrainer:
         ref: list[list[torch.Tensor]] = [[] for _ in minis]
         with torch.no_grad():
             if len(minis) > 1:
-                old = [[self._log_probs(chunk) for chunk in chunks] for chunks, _, _ in minis]
+                old = [[scorer.log_probs(chunk)[0] for chunk in chunks] for _, chunks, _ in minis]
             if grpo.kl_coef > 0:
                 with self.model.disable_adapter():
-                    ref = [[self._log_probs(chunk) for chunk in chunks] for chunks, _, _ in minis]
+                    ref = [[scorer.log_probs(chunk)[0] for chunk in chunks] for _, chunks, _ in minis]
         # 4. update epochs over the same batch
         losses, clip_fracs, grad_norms, kls = [], [], [], []
-        token_count = max(sum(float(m.sum()) for _, masks, _ in minis for m in masks), 1.0)
+        token_count = max(sum(len(s.response_ids) for s in samples), 1)
         params = [p for p in self.model.parameters() if p.requires_grad]
         for _ in range(grpo.update_epochs):
             epoch_loss, clipped_tokens, kl_sum = 0.0, 0.0, 0.0
-            for mini, (chunks, _, total) in enumerate(minis):
+            for mini, (group, chunks, total) in enumerate(minis):
                 self.optimizer.zero_grad(set_to_none=True)
                 for index, chunk in enumerate(chunks):
-                    log_probs, mask = reply_log_probs(self.model, self.processor, chunk, self.device, grpo.temperature)
-                    advantages = torch.tensor([s.advantage for s in chunk], device=self.device).unsqueeze(1)  # (B, 1)
+                    log_probs, mask = scorer.log_probs(chunk)  # (B, R): shared tokens scored once
+                    advantages = torch.tensor([group[i].advantage for i in chunk.samples], device=self.device)
                     if len(old[mini]) <= index:
                         old[mini].append(log_probs.detach())
+                    # Each sample's own clipped surrogate, with its own advantage (not summed advantages).
                     per_token, was_clipped = clipped_surrogate(
-                        log_probs, old[mini][index], advantages, grpo.clip_low, grpo.clip_high
+                        log_probs, old[mini][index], advantages.unsqueeze(1), grpo.clip_low, grpo.clip_high
                     )
                     if grpo.kl_coef > 0:
                         kl = k3_kl(log_probs, ref[mini][index])
@@ -425,9 +395,6 @@ class LocalGRPOTrainer:
         if grpo.kl_coef > 0:
             metrics["train/kl"] = float(np.mean(kls))
         return metrics
-
-    def _log_probs(self, chunk: list[TurnSample]) -> torch.Tensor:
-        return reply_log_probs(self.model, self.processor, chunk, self.device, self.config.grpo.temperature)[0]
 
     # ---- checkpoint ------------------------------------------------------------------
 
@@ -509,7 +476,7 @@ class LocalGRPOTrainer:
                 "train/epoch": float(epoch_of_step(step, config.mazes_per_step, len(self.pool))),
             }
             if config.eval_interval and step % config.eval_interval == 0:
-                metrics.update(self._greedy_eval())
+                metrics.update(self._greedy_eval(step))
             if step % config.checkpoint_interval == 0 or step == config.steps:  # 6. checkpoint
                 ckpt_started = time.perf_counter()
                 last_checkpoint = self._save(step, metrics)  # the row goes into the checkpoint too

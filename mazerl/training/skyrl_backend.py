@@ -136,6 +136,11 @@ def check_supported(config: TrainConfig) -> None:
             f"history_images ({config.history_images!r}) is not supported by the SkyRL backend: its VLM "
             "generator keeps every frame in the conversation; set history_images: all or use backend: local"
         )
+    if config.history_text != "all":
+        raise SkyrlConfigError(
+            f"history_text ({config.history_text!r}) is not supported by the SkyRL backend: its VLM generator "
+            "keeps the whole conversation; set history_text: all or use backend: local"
+        )
     if not config.freeze_vision:
         raise SkyrlConfigError(
             "freeze_vision (False) is not supported by the SkyRL backend: it trains LoRA adapters on "

@@ -1,0 +1,60 @@
+"""Explicit positions and attention masks for Qwen3-VL forwards that are not one causal batch.
+
+A plain left-padded batch lets the model derive everything itself: its 3-D rope positions
+(``get_rope_index`` over the image grids) and its causal mask. The prefix-caching engine
+(a chunk continuing a cached prefix) and the packed scorer (one row holding a context and a
+tree of replies) need both from outside:
+
+- **positions**: Qwen3-VL derives mrope positions by itself only for a chunk that starts at
+  position 0. A continued chunk, or a reply branch that does not follow its context in the
+  row, gets its positions from :func:`context_positions`, computed over the whole context
+  with the model's own ``get_rope_index``, so they are exactly what a fresh forward of that
+  context would use. Text tokens carry the same value in all three components, so the token
+  after a text token is at ``position + 1``.
+- **masks**: a boolean (B, Q, K) "query may attend to key" tensor becomes the additive
+  (B, 1, Q, K) float mask the model takes as is (:func:`additive_mask`); it works with both
+  the ``sdpa`` and the ``eager`` attention. A query row with nothing to attend to would
+  give NaNs, so padding queries attend to themselves.
+
+Nothing here is CPU-specific: the same tensors go to a GPU model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from mazerl.policy.chat import image_token_id, pixel_inputs
+
+
+def rope_index_owner(model: torch.nn.Module) -> Any:
+    """The module that holds ``get_rope_index`` (Qwen3VLModel, also under a PEFT wrapper)."""
+    for module in model.modules():
+        if hasattr(module, "get_rope_index"):
+            return module
+    raise TypeError(f"{type(model).__name__} has no get_rope_index; the prefix-caching path needs a Qwen3-VL model")
+
+
+def context_positions(
+    model: torch.nn.Module, processor: Any, contexts: list[list[int]], images: list[list[np.ndarray]]
+) -> list[torch.Tensor]:
+    """(3, L) rope positions of each whole context, as a fresh forward starting at position 0 computes them."""
+    owner = rope_index_owner(model)
+    image_pad = image_token_id(processor)
+    out: list[torch.Tensor] = []
+    for ids, frames in zip(contexts, images, strict=True):
+        input_ids = torch.tensor([ids], dtype=torch.long)
+        token_types = (input_ids == image_pad).long()
+        grid = pixel_inputs(processor, frames)["image_grid_thw"] if frames else None
+        positions, _ = owner.get_rope_index(input_ids, mm_token_type_ids=token_types, image_grid_thw=grid)
+        out.append(positions[:, 0])  # (3, L)
+    return out
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, Q, K) booleans -> (B, 1, Q, K) additive float mask (0 where allowed, the dtype's minimum elsewhere)."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask.unsqueeze(1)
