@@ -15,23 +15,7 @@ from typing import Any
 
 import torch
 
-from mazerl.training.scoring import MICRO_BATCH_TOKENS, Chunk, TurnSample, reply_mask
-
-
-def micro_batches(samples: Sequence[TurnSample], max_tokens: int = MICRO_BATCH_TOKENS) -> list[list[int]]:
-    """Index groups whose padded size stays under ``max_tokens`` (samples sorted by length)."""
-    order = sorted(range(len(samples)), key=lambda i: len(samples[i].input_ids) + len(samples[i].response_ids))
-    batches, current, longest = [], [], 0
-    for index in order:
-        length = len(samples[index].input_ids) + len(samples[index].response_ids)
-        if current and max(longest, length) * (len(current) + 1) > max_tokens:
-            batches.append(current)
-            current, longest = [], 0
-        current.append(index)
-        longest = max(longest, length)
-    if current:
-        batches.append(current)
-    return batches
+from mazerl.training.scoring import Chunk, TurnSample, length_batches, reply_mask
 
 
 def reply_log_probs(
@@ -62,7 +46,10 @@ class PerTurnScorer:
         self.stats = {"tokens_existing": 0, "tokens_computed": 0, "forward_calls": 0}
 
     def prepare(self, samples: Sequence[TurnSample]) -> list[Chunk]:
-        return [Chunk(batch, [samples[i] for i in batch]) for batch in micro_batches(samples)]
+        return [
+            Chunk(batch, [samples[i] for i in batch])
+            for batch in length_batches({i: len(s.input_ids) + len(s.response_ids) for i, s in enumerate(samples)})
+        ]
 
     def log_probs(self, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
         batch = chunk.work

@@ -176,16 +176,17 @@ def _flatten(trunk: _Trunk, trunk_positions: torch.Tensor) -> tuple[Row, dict[tu
     return Row(ids, parents, positions, list(trunk.frames), len(trunk.ids)), index_of
 
 
-def row_batches(packed: Packed, rows: Sequence[int], max_tokens: int = MICRO_BATCH_TOKENS) -> list[list[int]]:
-    """Row indices cut into micro-batches whose padded size stays under ``max_tokens`` (rows sorted by length)."""
-    order = sorted(rows, key=lambda r: len(packed.rows[r].ids))
+def length_batches(lengths: dict[int, int], max_tokens: int = MICRO_BATCH_TOKENS) -> list[list[int]]:
+    """Keys of ``lengths`` (index -> sequence length) cut into micro-batches, shortest first, whose
+    padded size (longest x count) stays under ``max_tokens``; a longer sequence gets a batch alone."""
+    order = sorted(lengths, key=lambda key: lengths[key])
     batches, current, longest = [], [], 0
-    for row in order:
-        length = len(packed.rows[row].ids)
+    for key in order:
+        length = lengths[key]
         if current and max(longest, length) * (len(current) + 1) > max_tokens:
             batches.append(current)
             current, longest = [], 0
-        current.append(row)
+        current.append(key)
         longest = max(longest, length)
     if current:
         batches.append(current)
@@ -301,7 +302,7 @@ class PackedScorer:
         existing = [len(s.input_ids) + len(s.response_ids) for s in samples]
         return [
             Chunk(packed.samples_of(rows), (packed, rows, sum(existing[i] for i in packed.samples_of(rows))))
-            for rows in row_batches(packed, range(len(packed.rows)))
+            for rows in length_batches({r: len(row.ids) for r, row in enumerate(packed.rows)})
         ]
 
     def log_probs(self, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
