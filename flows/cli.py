@@ -166,12 +166,32 @@ def run_command(args: argparse.Namespace) -> int:
             print("its record: prefect flow-run ls --state Failed; prefect flow-run logs <id>", file=sys.stderr)
             return EXIT_BAD_INPUT if isinstance(exc, ValueError) else EXIT_FAILURE
     print("\n" + "=" * 72 + "\n" + summary.text())
-    print(
-        f"\nLook at it: mlflow ui --backend-store-uri {summary.tracking_uri}"
-        + (
-            f" --default-artifact-root {paths.mlflow_artifacts_dir(root)}"
-            if summary.tracking_uri.startswith("sqlite")
-            else ""
-        )
-    )
+    print(closing_hints(summary.tracking_uri, root, embedded_head=params.ray_address is None))
     return EXIT_OK
+
+
+def closing_hints(tracking_uri: str, root: Path, *, embedded_head: bool) -> str:
+    """How to look at the run, and the state of the embedded Ray head, as commands that work pasted."""
+    mazerl = paths.venv_command("mazerl")
+    if tracking_uri == paths.mlflow_db_uri(root):
+        lines = [
+            f"Look at it: {mazerl} ui --data-root {root}",
+            f"  (the same as {paths.venv_command('mlflow')} ui --backend-store-uri {tracking_uri} "
+            f"--default-artifact-root {paths.mlflow_artifacts_dir(root)})",
+        ]
+    elif tracking_uri.startswith(("http://", "https://")):
+        lines = [f"Look at it: {tracking_uri}"]
+    else:
+        lines = [f"Look at it: {paths.venv_command('mlflow')} ui --backend-store-uri {tracking_uri}"]
+    if embedded_head:
+        from mazerl.cluster.ray_local import find_local_head
+
+        head = find_local_head()
+        if head is None:
+            lines.append("The embedded Ray head is stopped (no other run uses it).")
+        else:
+            lines.append(
+                f"The embedded Ray head at {head.address} stays up (another run or eval uses it, or it was started "
+                f"before this run); stop it when unused with: {mazerl} ray stop"
+            )
+    return "\n".join(lines)
