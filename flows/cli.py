@@ -43,7 +43,15 @@ def configure_prefect(root: Path) -> None:
 
 
 def add_run_command(subparsers: argparse._SubParsersAction) -> None:
+    from mazerl.params import PRESETS
+
     run = subparsers.add_parser("run", help="run the whole pipeline (embedded default: this machine, CPU)")
+    run.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="named defaults that the other flags override; smoke: every stage once in about 2 minutes "
+        "(the miniature training recipe, 16 eval mazes)",
+    )
     run.add_argument(
         "--data-root", help=f"where models, runs and MLflow live (default ${paths.ROOT_ENV_VAR} or ./.mazerl)"
     )
@@ -93,6 +101,7 @@ def build_params(args: argparse.Namespace):
 
     values = read_params_file(args.params) if args.params else {}
     flags = {
+        "preset": args.preset,
         "data_root": args.data_root,
         "base_model": args.base_model,
         "eval_set": args.eval_set,
