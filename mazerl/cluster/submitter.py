@@ -94,6 +94,26 @@ SESSION_MIN_S = 10.0  # a session refused sooner than this after renewal was not
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 LogFn = Callable[[str], None]
+# Terminal control sequences (colours, cursor moves) that Ray and libraries write into job output;
+# a log file or Prefect's UI shows them as raw "[36m" noise.
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def plain_text(line: str) -> str:
+    """``line`` without terminal control sequences."""
+    return _ANSI_ESCAPE.sub("", line)
+
+
+class _NormalWebsocketClose(logging.Filter):
+    """Drops Ray's "WebSocket closed for job ... with close code 1000": the log stream's normal end,
+    which Ray's job client logs at INFO for every job (other close codes still get through)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("WebSocket closed for job") and message.endswith("close code 1000"))
+
+
+logging.getLogger("ray.dashboard.modules.job.sdk").addFilter(_NormalWebsocketClose())
 
 
 @dataclass(frozen=True)
@@ -517,6 +537,8 @@ class RayJob:
             except queue.Empty:
                 self._record_log_offset()
                 return
+            if not line.strip():  # a blank line would be an empty "Task run '...' -" record
+                continue
             self._lines += 1
             self._recent.append(line)
             if feed is not None:
@@ -740,7 +762,7 @@ class _LogFollower(threading.Thread):
                     self._take_locked(text[self._seen_chars :])
             if self._partial:
                 self._handed_out += len(self._partial)
-                self.lines.put((self._partial.rstrip("\r"), self._handed_out))
+                self.lines.put((plain_text(self._partial.rstrip("\r")), self._handed_out))
                 self._partial = ""
 
     def abandon(self) -> int:
@@ -784,4 +806,4 @@ class _LogFollower(threading.Thread):
         *complete, self._partial = (self._partial + chunk).split("\n")
         for line in complete:
             self._handed_out += len(line) + 1
-            self.lines.put((line.rstrip("\r"), self._handed_out))
+            self.lines.put((plain_text(line.rstrip("\r")), self._handed_out))
