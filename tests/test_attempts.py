@@ -7,7 +7,9 @@ from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run, task_run
 from prefect.states import Completed, Running
 
-from tasks.attempts import close_crashed_attempts
+from mazerl.params import PipelineParams
+from mazerl.tracking.lineage import set_run_status, stage_run_id, start_pipeline_run
+from tasks.attempts import close_crashed_attempts, end_mlflow_runs
 
 
 @task(name="train")
@@ -51,3 +53,34 @@ def test_the_retry_marks_the_killed_attempts_running_task_run_crashed_and_nothin
 
 def killed_flow_run_id(client, task_run_id):
     return client.read_task_run(task_run_id).flow_run_id
+
+
+OPEN_RUNS: list[str] = []
+
+
+@flow(name="fails-between-stages", on_failure=[end_mlflow_runs])
+def fails_between_stages(params: PipelineParams) -> None:
+    """Opens the parent and a stage run (the stage was running when the flow failed), then fails outside it."""
+    runs = start_pipeline_run(params.resolved_tracking_uri(), params.experiment, "r", flow_run_id=str(flow_run.id))
+    set_run_status(runs.tracking_uri, stage_run_id(runs.tracking_uri, runs.parent_run_id, "train"), "RUNNING")
+    OPEN_RUNS.append(runs.parent_run_id)
+    raise RuntimeError("a failure between stages")
+
+
+def test_a_flow_run_failing_outside_any_stage_does_not_leave_its_mlflow_runs_running(prefect_api, mlflow_root):
+    from mlflow.tracking import MlflowClient
+
+    from flows.pipeline import pipeline
+
+    params = PipelineParams(data_root=str(mlflow_root), training={"steps": 2})
+    # Given a run whose parent and a stage run are open, when the flow fails in its own code, not in a stage,
+    state = fails_between_stages(params, return_state=True)
+    assert state.is_failed()
+    # then the failure hook has ended the parent and the stage run.
+    client = MlflowClient(params.resolved_tracking_uri())
+    parent = client.get_run(OPEN_RUNS[-1])
+    assert parent.info.status == "FAILED" and parent.info.end_time is not None
+    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{OPEN_RUNS[-1]}'")
+    assert [run.info.status for run in children] == ["FAILED"]
+    # and the pipeline flow carries the same hook for failures and crashes.
+    assert end_mlflow_runs in pipeline.on_failure_hooks and end_mlflow_runs in pipeline.on_crashed_hooks
