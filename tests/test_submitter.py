@@ -260,6 +260,17 @@ with job:
 """
 
 
+def follow_as_attempt_2(head, scripts, release: Path, run: str, offsets: Path) -> tuple:
+    """A retry (attempt 2) that re-attaches to the run's gated job, releases it and follows it to its end."""
+    lines: list[str] = []
+    retry = job(
+        head, scripts / "three_then_gated.py", str(release), run=run, attempt=2, lines=lines, log_offsets_dir=offsets
+    )
+    with retry:
+        threading.Timer(1.0, release.touch).start()
+        return retry.wait(), lines
+
+
 def test_a_retry_that_reattaches_continues_the_log_where_the_killed_attempt_stopped(local_ray_head, scripts, tmp_path):
     run, release, offsets = run_id(), tmp_path / "release", tmp_path / "job_logs"
     follower = tmp_path / "follower.py"
@@ -284,19 +295,7 @@ def test_a_retry_that_reattaches_continues_the_log_where_the_killed_attempt_stop
         if first.poll() is None:
             first.kill()
     # when the retry re-attaches to the still-running job and follows it to its end,
-    lines: list[str] = []
-    second = job(
-        local_ray_head,
-        scripts / "three_then_gated.py",
-        str(release),
-        run=run,
-        attempt=2,
-        lines=lines,
-        log_offsets_dir=offsets,
-    )
-    with second:
-        threading.Timer(1.0, release.touch).start()
-        outcome = second.wait()
+    outcome, lines = follow_as_attempt_2(local_ray_head, scripts, release, run, offsets)
     # then it shows only what came after, and says that the earlier lines were shown before.
     assert outcome.reattached and outcome.status == "SUCCEEDED"
     assert "late line" in lines and not [line for line in lines if line.startswith("early line")], lines
@@ -306,19 +305,7 @@ def test_a_retry_that_reattaches_continues_the_log_where_the_killed_attempt_stop
 def test_a_reattached_job_without_a_record_is_followed_from_its_start_and_says_so(local_ray_head, scripts, tmp_path):
     run, release = run_id(), tmp_path / "release"
     job(local_ray_head, scripts / "three_then_gated.py", str(release), run=run).start()  # its follower died unrecorded
-    lines: list[str] = []
-    second = job(
-        local_ray_head,
-        scripts / "three_then_gated.py",
-        str(release),
-        run=run,
-        attempt=2,
-        lines=lines,
-        log_offsets_dir=tmp_path / "job_logs",
-    )
-    with second:
-        release.touch()
-        second.wait()
+    _, lines = follow_as_attempt_2(local_ray_head, scripts, release, run, tmp_path / "job_logs")
     ours = [line for line in lines if line.startswith(("early line", "late line"))]
     assert ours == ["early line 1", "early line 2", "early line 3", "late line"], lines
     assert any("following its log from the start" in line for line in lines), lines
