@@ -115,3 +115,19 @@ def test_mazerl_ui_serves_the_embedded_store_and_prints_the_runs_table_link(mlfl
 def test_mazerl_ui_without_a_store_says_where_it_looked(tmp_path):
     result = mazerl("ui", "--data-root", str(tmp_path), env=dict(os.environ))
     assert result.returncode == 2 and f"no MLflow store under the data root {tmp_path}" in result.stderr, result
+
+
+def test_the_closing_hint_names_commands_of_this_environment_that_work_pasted(tmp_path, monkeypatch):
+    from flows.cli import closing_hints
+    from mazerl import paths
+
+    # Given a run on the embedded store, seen from the project directory (where .venv lies),
+    monkeypatch.chdir(Path(sys.executable).parents[2])
+    hints = closing_hints(paths.mlflow_db_uri(tmp_path), tmp_path, embedded_head=False)
+    # then the hint calls the venv's own scripts (a bare `mlflow` is not on the PATH outside it),
+    command = hints.splitlines()[0].removeprefix("Look at it: ").split()
+    assert command[:2] == [str(Path(sys.executable).parent.relative_to(Path.cwd()) / "mazerl"), "ui"], hints
+    assert Path(command[0]).is_file() and command[2:] == ["--data-root", str(tmp_path)], hints
+    assert f"{Path(sys.executable).parent.relative_to(Path.cwd()) / 'mlflow'} ui --backend-store-uri" in hints
+    # and a tracking server's hint is its address.
+    assert closing_hints("http://mlflow:5000", tmp_path, embedded_head=False) == "Look at it: http://mlflow:5000"
