@@ -56,7 +56,7 @@ def close_crashed_attempts(flow_run_id: UUID | str, current_task_run_id: UUID | 
 def end_mlflow_runs(flow: Any, flow_run: Any, state: Any) -> None:
     """Prefect flow hook (``on_failure``, ``on_crashed``): end the run's MLflow runs left RUNNING."""
     from mazerl.params import PipelineParams
-    from mazerl.preflight import check_tracking_uri
+    from mazerl.preflight import InputError, check_tracking_uri
     from mazerl.tracking.lineage import end_pipeline_run
 
     log = logging.getLogger("mazerl.attempts")
@@ -68,6 +68,8 @@ def end_mlflow_runs(flow: Any, flow_run: Any, state: Any) -> None:
     try:
         check_tracking_uri(params.resolved_tracking_uri())  # seconds, not MLflow's minutes of retries
         ended = end_pipeline_run(params.resolved_tracking_uri(), params.experiment, str(flow_run.id), status)
+    except InputError:  # the store does not answer: nothing can be ended there (the run's error says why)
+        return
     except Exception as exc:  # noqa: BLE001 - a hook must not hide the flow run's own failure
         log.warning("could not end the MLflow runs of flow run %s: %s", flow_run.id, exc)
         return
