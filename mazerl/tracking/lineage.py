@@ -371,8 +371,11 @@ def end_pipeline_run(tracking_uri: str, experiment: str, flow_run_id: str, statu
 
     For a flow run that failed or crashed outside any stage (between stages, in a task that
     records results): no stage's ``stage_run`` was there to end the runs, which would otherwise
-    stay RUNNING in the UI forever. Returns the names of the runs it ended.
+    stay RUNNING in the UI forever. Returns the names of the runs it ended. Creates nothing: a
+    run refused before it opened a store leaves no ``mlflow.db`` behind.
     """
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
+        return []
     client = client_for(tracking_uri)
     experiment_entity = client.get_experiment_by_name(experiment)
     if experiment_entity is None:
