@@ -57,6 +57,13 @@ def test_ansi_colour_codes_are_removed_from_job_lines():
     assert plain_text("[36m is not an escape without ESC") == "[36m is not an escape without ESC"
 
 
+def test_a_redrawn_progress_bar_in_job_output_is_logged_once_in_its_last_state():
+    from mazerl.cluster.submitter import plain_text
+
+    bar = "Writing model shards:   0%|          | 0/1\rWriting model shards: 100%|##########| 1/1"
+    assert plain_text(bar) == "Writing model shards: 100%|##########| 1/1"
+
+
 def pip_warning_filter() -> str:
     """The PYTHONWARNINGS value the Makefile gives pip for the project's editable install."""
     makefile = (PROJECT / "Makefile").read_text()

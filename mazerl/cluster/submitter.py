@@ -100,8 +100,9 @@ _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 
 def plain_text(line: str) -> str:
-    """``line`` without terminal control sequences."""
-    return _ANSI_ESCAPE.sub("", line)
+    """``line`` as a terminal would leave it: no control sequences, and of a line redrawn with carriage
+    returns (a library's progress bar, e.g. transformers' "Writing model shards") only its last state."""
+    return _ANSI_ESCAPE.sub("", line).rsplit("\r", 1)[-1]
 
 
 class _NormalWebsocketClose(logging.Filter):
