@@ -40,6 +40,9 @@ def configure_prefect(root: Path) -> None:
     os.environ.setdefault("PREFECT_LOCAL_STORAGE_PATH", str(root / "prefect" / "storage"))
     os.environ.setdefault("PREFECT_RESULTS_PERSIST_BY_DEFAULT", "true")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect's temporary server gets 20 s to start by default; a busy 2-core laptop needs more
+    # (seen: "Timed out while attempting to connect to ephemeral Prefect API server").
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 
 def add_run_command(subparsers: argparse._SubParsersAction) -> None:
