@@ -16,6 +16,10 @@ from mazerl.cluster.submitter import JobOutcome, RayJob, module_entrypoint
 from tasks.attempts import close_crashed_attempts
 from tasks.context import RunContext, ray_headers
 
+# A job's output is a log, not a terminal: Hugging Face's progress bars ("Loading weights",
+# "Writing model shards") would add two lines per model load or save.
+JOB_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
 
 def attempt_number() -> int:
     """The Prefect task's run count (1 on the first try): part of the deterministic job id."""
@@ -55,7 +59,7 @@ def run_stage_job(
         pipeline_run_id=context.flow_run_id,
         attempt=attempt_number(),
         stage=stage,
-        env_vars=env_vars,
+        env_vars=JOB_ENV | (env_vars or {}),
         headers=ray_headers(context.ray_address),
         log=log,
         hang_timeout_s=hang_timeout_s,

@@ -157,6 +157,7 @@ def test_the_runs_prefect_log_is_free_of_known_noise(full_run):
     assert all(message.strip() for message in messages), "an empty log record"
     assert not [m for m in messages if "\x1b[" in m], "raw ANSI escape codes in the log"
     assert not [m for m in messages if "is_gradient_checkpointing" in m]
+    assert not [m for m in messages if "%|" in m], "Hugging Face progress bars in the job logs"
     # and the merge's summary once, and every training step line with the time left.
     merge_summary = MergeReport.read(root / "runs" / summary.run_id / "merged").summary()
     assert sum(merge_summary in m for m in messages) == 1, [m for m in messages if "merge" in m]
