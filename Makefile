@@ -10,6 +10,9 @@ IMAGE_VENV ?= .venv-image
 IMAGE_BIN := $(IMAGE_VENV)/bin
 IMAGE_STAMP := $(IMAGE_VENV)/.installed
 IMAGE_CONSTRAINTS := deployments/docker/constraints.txt
+# setuptools' editable build prints a banner ("Editable installation. Please be careful with
+# folders ...") as a Python warning on every install; pip passes this filter to its build.
+PIP_QUIET_WARNINGS ?= ignore:Editable installation
 
 .PHONY: run test test-suite test-image-stack browser lint bench venv clean-venv
 
@@ -21,7 +24,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet --upgrade pip 2>&1 | grep -v "is ignored" || true
 	# CPU build of torch first (it lies on local disk); the constrained install then keeps it.
 	$(BIN)/pip install --quiet torch==2.13.0 2>&1 | grep -v "is ignored" || true
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]' 2>&1 | grep -v "is ignored" || true
+	PYTHONWARNINGS="$(PIP_QUIET_WARNINGS)" $(BIN)/pip install --quiet -c constraints.txt -e '.[test]' 2>&1 | grep -v "is ignored" || true
 	$(BIN)/python -c "import torch, ray, mlflow, prefect, transformers, peft, skyrl_gym" \
 		|| { echo "error: the install in $(VENV) is incomplete; delete $(VENV) and rerun"; exit 1; }
 	touch $(STAMP)
@@ -33,7 +36,7 @@ $(IMAGE_STAMP): pyproject.toml $(IMAGE_CONSTRAINTS)
 	test -x $(IMAGE_BIN)/python || $(PYTHON) -m venv $(IMAGE_VENV)
 	$(IMAGE_BIN)/pip install --quiet --upgrade pip 2>&1 | grep -v "is ignored" || true
 	$(IMAGE_BIN)/pip install --quiet -c $(IMAGE_CONSTRAINTS) torch 2>&1 | grep -v "is ignored" || true
-	$(IMAGE_BIN)/pip install --quiet -c $(IMAGE_CONSTRAINTS) -e '.[test]' 2>&1 | grep -v "is ignored" || true
+	PYTHONWARNINGS="$(PIP_QUIET_WARNINGS)" $(IMAGE_BIN)/pip install --quiet -c $(IMAGE_CONSTRAINTS) -e '.[test]' 2>&1 | grep -v "is ignored" || true
 	$(IMAGE_BIN)/python scripts/check_constraints.py $(IMAGE_CONSTRAINTS) \
 		|| { echo "error: $(IMAGE_VENV) does not have the image's stack; delete $(IMAGE_VENV) and rerun"; exit 1; }
 	touch $(IMAGE_STAMP)

@@ -40,10 +40,21 @@ def configure_prefect(root: Path) -> None:
     os.environ.setdefault("PREFECT_LOCAL_STORAGE_PATH", str(root / "prefect" / "storage"))
     os.environ.setdefault("PREFECT_RESULTS_PERSIST_BY_DEFAULT", "true")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect's temporary server gets 20 s to start by default; a busy 2-core laptop needs more
+    # (seen: "Timed out while attempting to connect to ephemeral Prefect API server").
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 
 def add_run_command(subparsers: argparse._SubParsersAction) -> None:
+    from mazerl.params import PRESETS
+
     run = subparsers.add_parser("run", help="run the whole pipeline (embedded default: this machine, CPU)")
+    run.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="named defaults that the other flags override; smoke: every stage once in about 2 minutes "
+        "(the miniature training recipe, 16 eval mazes)",
+    )
     run.add_argument(
         "--data-root", help=f"where models, runs and MLflow live (default ${paths.ROOT_ENV_VAR} or ./.mazerl)"
     )
@@ -93,6 +104,7 @@ def build_params(args: argparse.Namespace):
 
     values = read_params_file(args.params) if args.params else {}
     flags = {
+        "preset": args.preset,
         "data_root": args.data_root,
         "base_model": args.base_model,
         "eval_set": args.eval_set,
@@ -166,12 +178,32 @@ def run_command(args: argparse.Namespace) -> int:
             print("its record: prefect flow-run ls --state Failed; prefect flow-run logs <id>", file=sys.stderr)
             return EXIT_BAD_INPUT if isinstance(exc, ValueError) else EXIT_FAILURE
     print("\n" + "=" * 72 + "\n" + summary.text())
-    print(
-        f"\nLook at it: mlflow ui --backend-store-uri {summary.tracking_uri}"
-        + (
-            f" --default-artifact-root {paths.mlflow_artifacts_dir(root)}"
-            if summary.tracking_uri.startswith("sqlite")
-            else ""
-        )
-    )
+    print(closing_hints(summary.tracking_uri, root, embedded_head=params.ray_address is None))
     return EXIT_OK
+
+
+def closing_hints(tracking_uri: str, root: Path, *, embedded_head: bool) -> str:
+    """How to look at the run, and the state of the embedded Ray head, as commands that work pasted."""
+    mazerl = paths.venv_command("mazerl")
+    if tracking_uri == paths.mlflow_db_uri(root):
+        lines = [
+            f"Look at it: {mazerl} ui --data-root {root}",
+            f"  (the same as {paths.venv_command('mlflow')} ui --backend-store-uri {tracking_uri} "
+            f"--default-artifact-root {paths.mlflow_artifacts_dir(root)})",
+        ]
+    elif tracking_uri.startswith(("http://", "https://")):
+        lines = [f"Look at it: {tracking_uri}"]
+    else:
+        lines = [f"Look at it: {paths.venv_command('mlflow')} ui --backend-store-uri {tracking_uri}"]
+    if embedded_head:
+        from mazerl.cluster.ray_local import find_local_head
+
+        head = find_local_head()
+        if head is None:
+            lines.append("The embedded Ray head is stopped (no other run uses it).")
+        else:
+            lines.append(
+                f"The embedded Ray head at {head.address} stays up (another run or eval uses it, or it was started "
+                f"before this run); stop it when unused with: {mazerl} ray stop"
+            )
+    return "\n".join(lines)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from prefect import flow
 
 from mazerl.params import PipelineParams
+from tasks.attempts import end_mlflow_runs
 from tasks.cluster import check_cluster
 from tasks.evaluation import EvalSettings, baseline_eval, final_eval, record_eval
 from tasks.merge import merge
@@ -20,7 +21,13 @@ from tasks.setup import prepare
 from tasks.training import train
 
 
-@flow(name="vlm-maze-grpo", log_prints=True, validate_parameters=True)
+@flow(
+    name="vlm-maze-grpo",
+    log_prints=True,
+    validate_parameters=True,
+    on_failure=[end_mlflow_runs],  # a failure outside any stage must not leave the MLflow parent RUNNING
+    on_crashed=[end_mlflow_runs],
+)
 def pipeline(params: PipelineParams = PipelineParams()) -> PipelineSummary:  # noqa: B008 (pydantic default)
     """Teach the policy to solve mazes with multi-turn GRPO and promote it if it beats its baseline."""
     run = prepare(params)

@@ -5,3 +5,7 @@ inference engines, episodes, the tiny starter), ``evaluation``, ``training`` (co
 GRPO math, checkpoints, trainers), ``cluster`` (Ray, job submission, readiness checks),
 ``tracking`` (MLflow lineage, merge and promotion).
 """
+
+from mazerl import upstream_warnings
+
+upstream_warnings.install()

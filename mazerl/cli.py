@@ -28,12 +28,16 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--size", type=int, default=9)
     demo.set_defaults(func=_demo)
     from flows.cli import add_run_command  # the orchestration layer (Prefect) is imported only when run
+    from mazerl.cluster.ray_cli import add_ray_command
     from mazerl.evaluation.cli import add_eval_command
     from mazerl.policy.starter_cli import add_build_starter_command
+    from mazerl.tracking.ui_cli import add_ui_command
 
     add_run_command(sub)
     add_build_starter_command(sub)
     add_eval_command(sub)
+    add_ui_command(sub)
+    add_ray_command(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

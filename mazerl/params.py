@@ -7,12 +7,13 @@ model, the backend, the Ray address, the data root and the tracking URI.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import AfterValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, ValidationError, WithJsonSchema, model_validator
 
 from envs.evalset import EMBEDDED_EVAL_SET, SPECS
 from mazerl import paths
@@ -104,6 +105,56 @@ EMBEDDED_TRAINING: dict[str, Any] = {
 }
 
 
+# Named starting points for a run's parameters (``mazerl run --preset NAME``, or ``"preset"`` in a
+# deployment's parameters); whatever else is given overrides them.
+PRESETS: dict[str, dict[str, Any]] = {
+    # every stage once, in about 2 minutes on 2 cores once the starter is built: the miniature
+    # recipe and a 16-maze eval (numbers that say the plumbing works, not that the policy learned)
+    "smoke": {"training": MINIATURE_TRAINING, "max_eval_mazes": 16},
+}
+
+
+# Training fields the pipeline sets itself: an override of one is refused.
+PIPELINE_SET_TRAINING_FIELDS = ("run_id", "base_model", "data_root", "backend", "eval_set", "mlflow")
+
+
+def training_overrides_schema() -> dict[str, Any]:
+    """The JSON schema of ``training`` as Prefect's run form shows it: every TrainConfig field a
+    user may override, with its description, type and bounds, none required.
+
+    The value stays a plain dict of overrides at run time (validated against TrainConfig by
+    :meth:`PipelineParams.train_config`, so errors name ``training.<field>``); only the schema is
+    typed. Defaults move into the descriptions: a form that pre-filled them would send them as
+    overrides of the recipe's own values. References are inlined because the form reads one
+    self-contained object schema per parameter.
+    """
+    schema = TrainConfig.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def plain(node: Any) -> Any:
+        if isinstance(node, list):
+            return [plain(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if "$ref" in node:
+            return plain(
+                {**definitions[node["$ref"].rsplit("/", 1)[1]], **{k: v for k, v in node.items() if k != "$ref"}}
+            )
+        node = {
+            key: plain(value) for key, value in node.items() if key not in ("required", "title", "additionalProperties")
+        }
+        if "default" in node:
+            default = node.pop("default")
+            if not isinstance(default, dict):  # nested settings: their fields say their own defaults
+                node["description"] = f"{node.get('description', '')} Default: {json.dumps(default)}.".strip()
+        return node
+
+    properties = {key: plain(value) for key, value in schema["properties"].items()}
+    for key in PIPELINE_SET_TRAINING_FIELDS:
+        properties.pop(key)
+    return {"type": "object", "properties": properties}
+
+
 class EvalEngineParams(PlainNumbers):
     """Where and how the evals generate: the engine, and the GPUs each eval worker (Ray actor) takes."""
 
@@ -148,6 +199,11 @@ class PipelineParams(EvalEngineParams):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
+    preset: Literal["smoke"] | None = Field(
+        None,
+        description="Named defaults under the other parameters, which override them: 'smoke' runs every stage "
+        "once in about 2 minutes on 2 cores (the miniature training recipe, 16 eval mazes); None: the full run.",
+    )
     base_model: str | None = Field(
         None, description="HF model directory of the starting policy; None: the embedded starter (built if missing)."
     )
@@ -155,9 +211,11 @@ class PipelineParams(EvalEngineParams):
         None, description=f"Eval set name; None: {EMBEDDED_EVAL_SET} for the starter, maze64-easy-v1 otherwise."
     )
     backend: Literal["local", "skyrl"] = Field("local", description="Training backend (both run as Ray jobs).")
-    training: dict[str, Any] = Field(
+    training: Annotated[dict[str, Any], WithJsonSchema(training_overrides_schema())] = Field(
         default_factory=dict,
-        description="Overrides of the training config (mazerl/training/config.py), e.g. {'steps': 50}.",
+        description="Overrides of the training recipe (mazerl/training/config.py), e.g. {'steps': 50}; a field left "
+        "out keeps the recipe's value (the embedded recipe for the starter on the local backend, else the defaults "
+        "each field names).",
     )
     ray_address: RayAddress = Field(
         None, description="Ray dashboard address (http://host:8265, sagemaker_ray://...); None: start local Ray."
@@ -190,6 +248,13 @@ class PipelineParams(EvalEngineParams):
         512.0, ge=0, description="Merged models above this size are logged as a pointer, not copied into MLflow."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _preset_under_the_given_values(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("preset"), str) and data["preset"] in PRESETS:
+            return _deep_merge(PRESETS[data["preset"]], data)
+        return data
+
     @model_validator(mode="after")
     def _training_overrides_are_valid(self) -> PipelineParams:
         """Check ``training`` now, before any stage (the base model path is not needed for that)."""
@@ -221,7 +286,7 @@ class PipelineParams(EvalEngineParams):
         """The training config this pipeline run trains with; errors name ``training.<field>``."""
         embedded = EMBEDDED_TRAINING if self.training_recipe() == "embedded" else {}
         merged = _deep_merge(embedded, self.training)
-        fixed = {
+        fixed = {  # PIPELINE_SET_TRAINING_FIELDS
             "run_id": run_id,
             "base_model": str(base_model),
             "data_root": str(self.root()),

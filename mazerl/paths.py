@@ -50,3 +50,19 @@ def mlflow_db_uri(root: Path) -> str:
 
 def mlflow_artifacts_dir(root: Path) -> Path:
     return root / "mlartifacts"
+
+
+def venv_command(name: str) -> str:
+    """How to call this environment's console script ``name`` from the current directory.
+
+    ``mlflow`` or ``mazerl`` alone is not on the PATH outside an activated venv, so hints
+    printed for the user name the script beside this Python (``.venv/bin/mlflow`` when the venv
+    lies under the working directory, its absolute path otherwise).
+    """
+    import sys
+
+    script = Path(sys.executable).parent / name
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)

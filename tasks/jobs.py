@@ -13,7 +13,12 @@ from prefect.runtime import task_run
 
 from mazerl.cluster.errors import RetryableJobError
 from mazerl.cluster.submitter import JobOutcome, RayJob, module_entrypoint
+from tasks.attempts import close_crashed_attempts
 from tasks.context import RunContext, ray_headers
+
+# A job's output is a log, not a terminal: Hugging Face's progress bars ("Loading weights",
+# "Writing model shards") would add two lines per model load or save.
+JOB_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
 def attempt_number() -> int:
@@ -39,6 +44,9 @@ def run_stage_job(
     ``entrypoint_memory`` to start the job on a node with that much memory.
     """
     logger = get_run_logger()
+    if task_run.id is not None and context.flow_run_id != "local":  # a crashed attempt left its task run RUNNING?
+        for name in close_crashed_attempts(context.flow_run_id, task_run.id, stage):
+            logger.info(f"{stage}: marked task run {name!r} of a killed attempt Crashed (it could not say so itself)")
 
     def log(line: str) -> None:
         logger.info(line)
@@ -51,11 +59,12 @@ def run_stage_job(
         pipeline_run_id=context.flow_run_id,
         attempt=attempt_number(),
         stage=stage,
-        env_vars=env_vars,
+        env_vars=JOB_ENV | (env_vars or {}),
         headers=ray_headers(context.ray_address),
         log=log,
         hang_timeout_s=hang_timeout_s,
         progress_probe=progress_probe,
+        log_offsets_dir=context.run_dir / "job_logs",  # a retry of this flow run continues the log
         **job_options,
     ) as job:
         logger.info(

@@ -57,7 +57,6 @@ def merge(run: RunContext, trained: TrainOutcome, params: PipelineParams) -> Mer
     logger.info(f"merge_lora: a Ray job asking for {need.describe()}")
     with stage_run(run.tracking_uri, run_id):
         run_stage_job(run, "merge_lora", "mazerl.tracking.merge_entry", request, entrypoint_memory=need.total_bytes)
-        report = MergeReport.read(out_dir)
-        logger.info(report.summary())
+        report = MergeReport.read(out_dir)  # its summary is in the job's last line ("merge done: ...") above
         logged = log_merged_model(run.tracking_uri, run_id, report.merged_dir, run.run_dir / "mlflow_model")
     return MergedModel(Path(report.merged_dir), logged.source, report.checkpoint_step or 0, report.summary())

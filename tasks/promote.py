@@ -12,6 +12,8 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from envs.evalset import load as load_eval_set
+from mazerl import paths
+from mazerl.cluster.ray_local import find_local_head
 from mazerl.evaluation.evaluate import EvalReport
 from mazerl.params import PipelineParams
 from mazerl.tracking.curves import log_learning_curve
@@ -41,6 +43,7 @@ class PipelineSummary:
     decision: str
     run_dir: str
     mlflow_url: str | None = None  # the parent run's page in the MLflow UI (a local store: once `mlflow ui` runs)
+    ray_head_note: str | None = None  # an embedded head this run leaves up, and the command that stops it
 
     def text(self) -> str:
         return (
@@ -147,7 +150,10 @@ def _promote(run, params, baseline, final, merged, trained) -> PipelineSummary:
         decision=decision.reason,
         run_dir=str(run.run_dir),
         mlflow_url=experiment_url(home, experiment_id, run.pipeline_run_id) if home else None,
+        ray_head_note=ray_head_note(params),
     )
+    if summary.ray_head_note:
+        logger.info(summary.ray_head_note)
     summary_json = scrub_text(json.dumps(asdict(summary), indent=2))
     client.log_text(run.pipeline_run_id, summary_json, "summary.json")
     tmp = run.run_dir / ".summary.json.tmp"  # a copy beside the run's files, for scripts (bench/embedded_result.py)
@@ -159,6 +165,21 @@ def _promote(run, params, baseline, final, merged, trained) -> PipelineSummary:
     create_markdown_artifact(_markdown(summary, baseline, final), key="pipeline-summary")
     set_run_status(run.tracking_uri, run.pipeline_run_id, "FINISHED")
     return summary
+
+
+def ray_head_note(params: PipelineParams) -> str | None:
+    """The embedded head outlives a flow run that did not start it under ``mazerl run`` (a deployment's
+    run, whose worker starts it): say so, and how to stop it. None for a cluster or a head ``mazerl
+    run`` stops itself."""
+    if params.ray_address is not None:
+        return None
+    head = find_local_head()
+    if head is None or head.managed:
+        return None
+    return (
+        f"The embedded Ray head at {head.address} stays up for the next run (and for a retry to re-attach to its "
+        f"jobs); stop it when no run uses it with: {paths.venv_command('mazerl')} ray stop"
+    )
 
 
 def _markdown(summary: PipelineSummary, baseline: EvalReport, final: EvalReport) -> str:
@@ -182,5 +203,6 @@ def _markdown(summary: PipelineSummary, baseline: EvalReport, final: EvalReport)
             f"Promotion: {summary.decision}",
             "",
             f"MLflow parent run `{summary.mlflow_run_id}` at `{summary.tracking_uri}`; files under `{summary.run_dir}`.",
+            *(["", summary.ray_head_note] if summary.ray_head_note else []),
         ]
     )

@@ -12,7 +12,7 @@ from prefect.runtime import deployment, flow_run
 from envs.evalset import load as load_eval_set
 from mazerl.cluster.ray_local import ensure_local_head
 from mazerl.fingerprint import model_fingerprint
-from mazerl.params import EvalParams, PipelineParams
+from mazerl.params import PIPELINE_SET_TRAINING_FIELDS, EvalParams, PipelineParams
 from mazerl.policy.starter import ensure_starter
 from mazerl.preflight import InputError, check_pipeline_inputs, check_tracking_uri
 from mazerl.tracking.lineage import (
@@ -86,10 +86,6 @@ def prepare(params: PipelineParams) -> RunContext:
     )
 
 
-# Training fields the pipeline sets itself; they are logged once, at the top level.
-_PIPELINE_SET = {"run_id", "base_model", "data_root", "backend", "eval_set", "mlflow"}
-
-
 def resolved_params(params: PipelineParams, run_id: str, base_model: Path) -> dict[str, Any]:
     """What the run really uses, for the parent run's params: the resolved model, eval set, data
     root and tracking URI instead of their ``None`` defaults, and every field of the training
@@ -105,7 +101,7 @@ def resolved_params(params: PipelineParams, run_id: str, base_model: Path) -> di
         "tracking_uri": params.resolved_tracking_uri(),
         "training.recipe": params.training_recipe(),
         "training.overrides": json.dumps(params.training, sort_keys=True),
-        "training": config.model_dump(mode="json", exclude=_PIPELINE_SET),
+        "training": config.model_dump(mode="json", exclude=set(PIPELINE_SET_TRAINING_FIELDS)),  # logged at the top
     }
 
 

@@ -137,6 +137,34 @@ def test_full_flow_leaves_runs_metrics_artifacts_registry_and_prefect_artifacts(
     } <= keys
 
 
+def test_the_runs_prefect_log_is_free_of_known_noise(full_run):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    from mazerl.tracking.merge import MergeReport
+
+    # Given the log of a successful flow run, as Prefect's UI and `prefect flow-run logs` show it,
+    root, summary = full_run
+    flow_run_id = MlflowClient(summary.tracking_uri).get_run(summary.mlflow_run_id).data.tags["prefect.flow_run_id"]
+    messages: list[str] = []
+    with get_client(sync_client=True) as client:
+        while page := client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200, offset=len(messages)
+        ):
+            messages += [log.message for log in page]
+    assert len(messages) > 20, messages
+    # then it has no empty records, no raw terminal colour codes, no peft/transformers deprecation noise,
+    assert all(message.strip() for message in messages), "an empty log record"
+    assert not [m for m in messages if "\x1b[" in m], "raw ANSI escape codes in the log"
+    assert not [m for m in messages if "is_gradient_checkpointing" in m]
+    assert not [m for m in messages if "%|" in m], "Hugging Face progress bars in the job logs"
+    # and the merge's summary once, and every training step line with the time left.
+    merge_summary = MergeReport.read(root / "runs" / summary.run_id / "merged").summary()
+    assert sum(merge_summary in m for m in messages) == 1, [m for m in messages if "merge" in m]
+    steps = [m for m in messages if m.startswith("step ") and "/2:" in m]
+    assert len(steps) == 2 and all(m.endswith(" left") for m in steps), steps
+
+
 def test_mlflow_ui_in_a_browser_shows_headline_metrics_stage_durations_and_gifs(full_run, tmp_path):
     """Headless Chromium against ``mlflow ui`` on the run's store (tests/mlflow_browser.py)."""
     from mlflow_browser import check_pipeline_run_pages

@@ -74,3 +74,41 @@ def test_every_placeholder_is_documented():
     ).read_text()
     for name in set(PLACEHOLDER.findall(PREFECT_YAML.read_text())):
         assert name in documented, f"{name} is used in prefect.yaml but documented nowhere"
+
+
+def test_the_run_form_lists_every_training_field_with_its_description():
+    from prefect.utilities.callables import parameter_schema
+    from prefect.utilities.schema_tools.validation import is_valid, is_valid_schema
+
+    from flows.pipeline import pipeline
+    from mazerl.params import PIPELINE_SET_TRAINING_FIELDS
+    from mazerl.training.config import TrainConfig
+
+    # Given the parameter schema Prefect stores with a deployment (what the UI's run form renders),
+    schema = parameter_schema(pipeline).model_dump(by_alias=True)
+    is_valid_schema(schema)
+    training = schema["definitions"]["PipelineParams"]["properties"]["training"]
+    # then `training` is an object whose fields are the overridable TrainConfig fields, each described,
+    overridable = set(TrainConfig.model_fields) - set(PIPELINE_SET_TRAINING_FIELDS)
+    assert set(training["properties"]) == overridable
+    for name, field in training["properties"].items():
+        assert field.get("description"), f"training.{name} has no description in the run form"
+    assert "rank" in training["properties"]["lora"]["properties"], "nested settings list their own fields"
+
+    # with no defaults the form would pre-fill (and send as overrides of the embedded recipe), none required,
+    def keys(node):
+        if isinstance(node, dict):
+            yield from node
+            for value in node.values():
+                yield from keys(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from keys(value)
+
+    assert not {"default", "required"} & set(keys(training["properties"]))
+    # and what the form sends is checked by the schema and then by the pipeline, naming the field.
+    params = {"params": {"training": {"steps": 3, "lora": {"rank": 8}}}}
+    assert is_valid(params, schema) and PipelineParams.model_validate(params["params"]).training["steps"] == 3
+    assert not is_valid({"params": {"training": {"steps": "many"}}}, schema)
+    with pytest.raises(ValueError, match=r"training\.steps"):
+        PipelineParams.model_validate({"training": {"steps": 0}})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import threading
@@ -66,6 +67,15 @@ SCRIPTS = {
         while not os.path.exists(sys.argv[1]):
             time.sleep(0.1)
         print("released", flush=True)
+    """,
+    # Three lines, then waits for the file named by argv[1], then one more: a job followed across attempts.
+    "three_then_gated.py": """
+        import os, sys, time
+        for n in (1, 2, 3):
+            print(f"early line {n}", flush=True)
+        while not os.path.exists(sys.argv[1]):
+            time.sleep(0.1)
+        print("late line", flush=True)
     """,
     # Fails on its first run (no marker yet), succeeds on the next: a retry that resumes.
     "flaky.py": """
@@ -235,6 +245,70 @@ def test_reattaches_to_the_running_job_of_the_same_run_instead_of_a_second(local
     assert outcome.reattached and outcome.status == "SUCCEEDED" and outcome.submission_id == first_id
     assert "released" in lines, "logs of the re-attached job are streamed too"
     assert [j.submission_id for j in jobs_of(local_ray_head, run)] == [first_id], "exactly one job for the run"
+
+
+# An orchestrator attempt in its own process, so that the test can SIGKILL it mid-job.
+FOLLOWER = """
+import json, sys
+from mazerl.cluster.submitter import RayJob
+
+address, entrypoint, run, offsets, token = sys.argv[1:6]
+job = RayJob(address, entrypoint, pipeline_run_id=run, attempt=1, log=lambda line: print(line, flush=True),
+             headers={"Authorization": f"Bearer {token}"}, log_offsets_dir=offsets)
+with job:
+    job.wait()
+"""
+
+
+def follow_as_attempt_2(head, scripts, release: Path, run: str, offsets: Path) -> tuple:
+    """A retry (attempt 2) that re-attaches to the run's gated job, releases it and follows it to its end."""
+    lines: list[str] = []
+    retry = job(
+        head, scripts / "three_then_gated.py", str(release), run=run, attempt=2, lines=lines, log_offsets_dir=offsets
+    )
+    with retry:
+        threading.Timer(1.0, release.touch).start()
+        return retry.wait(), lines
+
+
+def test_a_retry_that_reattaches_continues_the_log_where_the_killed_attempt_stopped(local_ray_head, scripts, tmp_path):
+    run, release, offsets = run_id(), tmp_path / "release", tmp_path / "job_logs"
+    follower = tmp_path / "follower.py"
+    follower.write_text(FOLLOWER)
+    entrypoint = f"{sys.executable} {scripts / 'three_then_gated.py'} {release}"
+    token = local_ray_head.token_path.read_text().strip()
+    command = [sys.executable, str(follower), local_ray_head.address, entrypoint, run, str(offsets), token]
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        # Given a first attempt that logged the job's first three lines and was then killed outright,
+        shown = []
+        while "early line 3" not in shown:
+            line = first.stdout.readline()
+            assert line, f"the first attempt ended early after {shown}"
+            shown.append(line.rstrip("\n"))
+        deadline = time.monotonic() + 30
+        while not list(offsets.glob("*.json")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    # when the retry re-attaches to the still-running job and follows it to its end,
+    outcome, lines = follow_as_attempt_2(local_ray_head, scripts, release, run, offsets)
+    # then it shows only what came after, and says that the earlier lines were shown before.
+    assert outcome.reattached and outcome.status == "SUCCEEDED"
+    assert "late line" in lines and not [line for line in lines if line.startswith("early line")], lines
+    assert any("its log continues after the" in line and "an earlier attempt already showed" in line for line in lines)
+
+
+def test_a_reattached_job_without_a_record_is_followed_from_its_start_and_says_so(local_ray_head, scripts, tmp_path):
+    run, release = run_id(), tmp_path / "release"
+    job(local_ray_head, scripts / "three_then_gated.py", str(release), run=run).start()  # its follower died unrecorded
+    _, lines = follow_as_attempt_2(local_ray_head, scripts, release, run, tmp_path / "job_logs")
+    ours = [line for line in lines if line.startswith(("early line", "late line"))]
+    assert ours == ["early line 1", "early line 2", "early line 3", "late line"], lines
+    assert any("following its log from the start" in line for line in lines), lines
 
 
 def test_hung_job_is_stopped_and_reported_retryable(local_ray_head, scripts):

@@ -66,7 +66,7 @@ def test_tracker_hook_reports_finished_steps_only_after_skyrl_logged_them():
     log({"eval/all/environment/solved": 0.5}, 4, commit=True)  # an eval-only payload
     assert printed == [] and logged == [(4, True, {"eval/all/environment/solved": 0.5})]
     log({"trainer/global_step": 4, "train/reward_mean": 0.25, "train/success_rate": 0.125}, 4, commit=True)
-    assert printed == ["step 4/10: reward 0.250 success 0.125"] and len(logged) == 2
+    assert printed == ["step 4/10: reward 0.250 success 0.125; 00:00 elapsed, ? left"] and len(logged) == 2
     assert parse_step_line(printed[0]) == (4, 10)
 
 
@@ -152,3 +152,29 @@ def test_watchdog_stops_a_skyrl_job_whose_steps_stall_while_its_log_keeps_talkin
     assert time.monotonic() - started < 60
     client = JobSubmissionClient(local_ray_head.address, headers=local_ray_head.auth_headers())
     assert str(client.get_job_status(running.submission_id)) == "STOPPED"
+
+
+def test_progress_lines_say_done_total_and_the_time_left_from_the_measured_rate():
+    from mazerl.progress import ProgressMeter
+
+    # Given a resumed piece of work (4 of 10 steps done before) on a clock we move by hand,
+    now = [100.0]
+    meter = ProgressMeter(10, "step", done=4, clock=lambda: now[0])
+    # when nothing was done yet in this process, the time left is unknown, not made up;
+    assert meter.text(4) == "4/10 steps, 00:00 elapsed, ? left"
+    # when 2 steps took 60 s, the 4 left take 120 s (resumed steps do not count towards the rate),
+    now[0] += 60.0
+    assert meter.text(6) == "6/10 steps, 01:00 elapsed, 02:00 left"
+    # and a step line that carries the times still reads back for the hang watchdog, as one plain line.
+    line = step_line(6, 10, {"train/reward_mean": 0.5}, meter.times(6))
+    assert line == "step 6/10: reward 0.500; 01:00 elapsed, 02:00 left"
+    assert parse_step_line(line) == (6, 10) and "\r" not in line and "\n" not in line
+
+
+def test_skyrl_step_lines_carry_the_time_left_from_the_steps_this_attempt_ran():
+    printed = []
+    log = tracker_hook(lambda data, step, commit=False: None, 10, printed.append)
+    for step in (5, 6):  # resumed after step 4
+        log({"trainer/global_step": step}, step, commit=True)
+    assert printed[0].endswith("; 00:00 elapsed, ? left"), printed
+    assert parse_step_line(printed[1]) == (6, 10) and printed[1].endswith(" left"), printed

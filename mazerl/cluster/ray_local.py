@@ -285,6 +285,40 @@ def local_ray_head(temp_dir: str | os.PathLike | None = None, **start_kwargs) ->
                 current.stop()
 
 
+def lease_holders(temp_dir: str | os.PathLike | None = None) -> list[str]:
+    """Process ids of the live processes that hold a lease on the head in ``temp_dir``."""
+    temp = _temp_dir(temp_dir)
+    with _registry_lock(temp):
+        return [lease.split("-", 1)[0] for lease in _live_leases(temp)]
+
+
+def stop_idle_head(temp_dir: str | os.PathLike | None = None, *, force: bool = False) -> LocalRayHead | None:
+    """Stop the embedded head of this user (and ``TMPDIR``) unless a live process still leases it.
+
+    What ``mazerl ray stop`` does: a deployment's flow run starts the head and leaves it up for
+    the next run (and for a retry to re-attach to its job). Only this project's own head in
+    ``temp_dir`` is touched, never another Ray on the machine. Returns the stopped head, or None
+    if none runs; raises :class:`LocalRayError` naming the lease holders unless ``force``.
+    """
+    temp = _temp_dir(temp_dir)
+    with _registry_lock(temp):
+        head = _read_registry(temp)
+        if head is None or not _is_our_head_process(head.pid, temp):
+            if head is not None:
+                head.stop()  # clears the stale registry
+            return None
+        holders = [lease.split("-", 1)[0] for lease in _live_leases(temp)]
+        holders = [pid for pid in holders if pid != str(os.getpid())]
+        if holders and not force:
+            pids = ", ".join(holders)
+            raise LocalRayError(
+                f"the local Ray head at {head.address} is in use by running process(es) {pids} (a pipeline run or "
+                "an eval); let them finish, or stop it anyway with --force (their Ray jobs fail and are retried)"
+            )
+        head.stop()
+        return head
+
+
 @contextlib.contextmanager
 def ray_driver(head: LocalRayHead) -> Iterator[None]:
     """This process as a Ray driver of ``head`` for the block (``ray.init`` with its token), then disconnected.

@@ -19,7 +19,10 @@ What it guarantees (design section 4):
   :class:`JobConflictError`, naming the job and the command that stops it.
 - **Logs reach the caller.** The job's output is followed with ``tail_job_logs`` in a thread
   (falling back to polling ``get_job_logs`` from the last offset) and handed line by line to
-  ``log`` from the caller's thread, so a Prefect run logger can be used directly.
+  ``log`` from the caller's thread, so a Prefect run logger can be used directly. With
+  ``log_offsets_dir``, how far the log was handed out is recorded there per job (temporary
+  name, then rename); a later attempt that re-attaches to the same job continues after that
+  point instead of replaying the lines its flow run already shows, and says so.
 - **Failures say whether to retry.** SUCCEEDED -> :class:`JobOutcome`. FAILED with the
   entrypoint's exit code 2 (our entrypoints' "bad configuration", and argparse's) ->
   :class:`JobConfigError`, never retried. Any other failure, STOPPED, a job that vanished, an
@@ -54,7 +57,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
+import os
 import queue
 import re
 import shlex
@@ -89,6 +94,27 @@ SESSION_MIN_S = 10.0  # a session refused sooner than this after renewal was not
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 LogFn = Callable[[str], None]
+# Terminal control sequences (colours, cursor moves) that Ray and libraries write into job output;
+# a log file or Prefect's UI shows them as raw "[36m" noise.
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def plain_text(line: str) -> str:
+    """``line`` as a terminal would leave it: no control sequences, and of a line redrawn with carriage
+    returns (a library's progress bar, e.g. transformers' "Writing model shards") only its last state."""
+    return _ANSI_ESCAPE.sub("", line).rsplit("\r", 1)[-1]
+
+
+class _NormalWebsocketClose(logging.Filter):
+    """Drops Ray's "WebSocket closed for job ... with close code 1000": the log stream's normal end,
+    which Ray's job client logs at INFO for every job (other close codes still get through)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("WebSocket closed for job") and message.endswith("close code 1000"))
+
+
+logging.getLogger("ray.dashboard.modules.job.sdk").addFilter(_NormalWebsocketClose())
 
 
 @dataclass(frozen=True)
@@ -203,6 +229,7 @@ class RayJob:
         entrypoint_num_gpus: float | None = None,
         entrypoint_memory: int | None = None,
         identity: dict[str, str] | None = None,
+        log_offsets_dir: str | Path | None = None,
     ):
         if not isinstance(entrypoint, str) or not entrypoint.strip():
             raise ConfigError(
@@ -246,6 +273,9 @@ class RayJob:
         self._progress_value: object = None
         self._progress_since: float | None = None
         self._session_renewed_at: float | None = None
+        self.log_offsets_dir = Path(log_offsets_dir) if log_offsets_dir is not None else None
+        self._log_offset = self._recorded_offset = 0  # log characters handed to ``log`` / recorded as such
+        self._lines_before = 0  # lines an earlier attempt handed out (from its record)
 
     # context manager: leaving the block with an exception stops the job
     def __enter__(self) -> RayJob:
@@ -313,7 +343,8 @@ class RayJob:
         follow = getattr(self.progress_probe, "follow", None)
         if follow is not None:  # where the followed job writes (another run's directory, if re-attached)
             follow(self.metadata)
-        self._follower = _LogFollower(self._client, self.submission_id, self.poll_s)
+        skip = self._already_logged() if self.reattached else 0
+        self._follower = _LogFollower(self._client, self.submission_id, self.poll_s, skip_chars=skip)
         self._follower.start()
         last_answer = time.monotonic()
         while True:
@@ -503,14 +534,58 @@ class RayJob:
         feed = getattr(self.progress_probe, "feed", None)
         while True:
             try:
-                line = self._follower.lines.get_nowait()
+                line, self._log_offset = self._follower.lines.get_nowait()
             except queue.Empty:
+                self._record_log_offset()
                 return
+            if not line.strip():  # a blank line would be an empty "Task run '...' -" record
+                continue
             self._lines += 1
             self._recent.append(line)
             if feed is not None:
                 feed(line)
             self.log(line)
+
+    def _log_record(self) -> Path | None:
+        if self.log_offsets_dir is None or self.submission_id is None:
+            return None
+        return self.log_offsets_dir / f"{self.submission_id}.json"
+
+    def _already_logged(self) -> int:
+        """Characters of the re-attached job's log that an earlier attempt already handed to its ``log``."""
+        path = self._log_record()
+        try:
+            record = json.loads(path.read_text()) if path is not None else None
+        except (OSError, ValueError):
+            record = None
+        if not isinstance(record, dict) or record.get("submission_id") != self.submission_id:
+            if path is not None:
+                self.log(f"job {self.submission_id}: following its log from the start (no earlier attempt showed it)")
+            return 0
+        chars, lines = int(record.get("chars", 0)), int(record.get("lines", 0))
+        self._log_offset = self._recorded_offset = chars
+        self._lines_before = lines
+        self.log(
+            f"job {self.submission_id}: its log continues after the {lines} lines an earlier attempt already showed"
+        )
+        return chars
+
+    def _record_log_offset(self) -> None:
+        """Say how far the log was handed out (temporary name, then rename): a retry continues from there."""
+        path = self._log_record()
+        if path is None or self._log_offset == self._recorded_offset:
+            return
+        record = {"submission_id": self.submission_id, "chars": self._log_offset}
+        record["lines"] = self._lines_before + self._lines
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, path)
+        except OSError as exc:  # a full disk must not stop the job being followed; a retry replays more
+            logger.warning("could not record the log offset of job %s in %s: %s", self.submission_id, path, exc)
+            self.log_offsets_dir = None
+        self._recorded_offset = self._log_offset
 
     def _watch_progress(self, now: float) -> None:
         if self.hang_timeout_s is None or self.progress_probe is None:
@@ -658,12 +733,13 @@ class _LogFollower(threading.Thread):
         self.client = client
         self.submission_id = submission_id
         self.poll_s = poll_s
-        self.lines: queue.Queue[str] = queue.Queue()
+        self.lines: queue.Queue[tuple[str, int]] = queue.Queue()  # (line, log offset just after it)
         self.error: Exception | None = None
         self._lock = threading.Lock()
         self._abandoned = False
         self._seen_chars = 0
         self._skip = skip_chars  # characters an earlier follower of this job already handed out
+        self._handed_out = skip_chars  # log offset just after the last line handed out
         self._partial = ""
 
     def run(self) -> None:
@@ -686,7 +762,8 @@ class _LogFollower(threading.Thread):
                 if len(text) > self._seen_chars:
                     self._take_locked(text[self._seen_chars :])
             if self._partial:
-                self.lines.put(self._partial.rstrip("\r"))
+                self._handed_out += len(self._partial)
+                self.lines.put((plain_text(self._partial.rstrip("\r")), self._handed_out))
                 self._partial = ""
 
     def abandon(self) -> int:
@@ -694,10 +771,8 @@ class _LogFollower(threading.Thread):
         were handed out as complete lines, so the successor starts right after them."""
         with self._lock:
             self._abandoned = True
-            # _seen_chars counts from the log's start; while still skipping, nothing was handed out yet
-            handed_out = self._seen_chars + self._skip - len(self._partial)
             self._partial = ""
-            return handed_out
+            return self._handed_out
 
     async def _tail(self) -> None:
         async for chunk in self.client.tail_job_logs(self.submission_id):
@@ -731,4 +806,5 @@ class _LogFollower(threading.Thread):
             chunk, self._skip = chunk[dropped:], self._skip - dropped
         *complete, self._partial = (self._partial + chunk).split("\n")
         for line in complete:
-            self.lines.put(line.rstrip("\r"))
+            self._handed_out += len(line) + 1
+            self.lines.put((plain_text(line.rstrip("\r")), self._handed_out))

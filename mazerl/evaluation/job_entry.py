@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     from envs.evalset import EvalSetError
     from mazerl.evaluation.evaluate import evaluate
     from mazerl.policy.loader import ModelLoadError
+    from mazerl.progress import ProgressMeter
 
     try:
         with open(args.config) as handle:
@@ -33,8 +34,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"configuration error: cannot read eval request {args.config}: {exc}", flush=True)
         return EXIT_CONFIG_ERROR
 
+    meters: list[ProgressMeter] = []  # started when the workers have loaded the policy (done 0)
+
     def progress(done: int, total: int) -> None:
-        print(f"eval: {done}/{total} mazes", flush=True)
+        if not meters:
+            meters.append(ProgressMeter(total, "maze"))
+        print(f"eval: {meters[0].text(done)}", flush=True)
 
     try:
         report = evaluate(**request, ray_address="auto", progress=progress)

@@ -38,7 +38,9 @@ from envs.evalset import EvalSet
 from envs.evalset import load as load_eval_set
 from envs.maze import DIRECTIONS, Layout, MazeEnv, action_text, solve_actions
 from mazerl.policy.chat import Conversation, end_of_turn_id, image_token_id, model_inputs, render
+from mazerl.progress import ProgressMeter
 
+PROGRESS_EVERY_S = 30.0  # at most this long between progress lines, however slow the steps
 WALL_CLASS = 5  # per-cell classes: 0-3 move, 4 stop (the target), 5 wall
 
 
@@ -302,6 +304,8 @@ def warm_start(
     curve: list[dict[str, float]] = []
     window: list[dict[str, float]] = []
     checkpoint_seconds = 0.0  # time spent in on_checkpoint, not training
+    meter = ProgressMeter(steps, "step")
+    last_line = time.perf_counter()
     model.train()
     try:
         for step in range(steps):
@@ -334,7 +338,12 @@ def warm_start(
                     model.train()
                     checkpoint_seconds += time.perf_counter() - measure_started
                 curve.append(point)
-                log("warm-start: " + ", ".join(f"{k} {v}" for k, v in point.items()))
+                details = ", ".join(f"{k} {v}" for k, v in point.items() if k != "step")
+                log(f"warm-start: {meter.text(done)}; {details}")
+                last_line = time.perf_counter()
+            elif time.perf_counter() - last_line > PROGRESS_EVERY_S:  # a slow machine: say it is alive
+                log(f"warm-start: {meter.text(done)}")
+                last_line = time.perf_counter()
     finally:
         hook.remove()
         model.eval()

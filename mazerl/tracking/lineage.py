@@ -366,6 +366,34 @@ def set_run_status(tracking_uri: str, run_id: str, status: str) -> None:
         client.update_run(run_id, status=status)
 
 
+def end_pipeline_run(tracking_uri: str, experiment: str, flow_run_id: str, status: str = "FAILED") -> list[str]:
+    """End the flow run's parent run and its stage runs that are still RUNNING with ``status``.
+
+    For a flow run that failed or crashed outside any stage (between stages, in a task that
+    records results): no stage's ``stage_run`` was there to end the runs, which would otherwise
+    stay RUNNING in the UI forever. Returns the names of the runs it ended. Creates nothing: a
+    run refused before it opened a store leaves no ``mlflow.db`` behind.
+    """
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
+        return []
+    client = client_for(tracking_uri)
+    experiment_entity = client.get_experiment_by_name(experiment)
+    if experiment_entity is None:
+        return []
+    parent = _find_pipeline_run(client, experiment_entity.experiment_id, flow_run_id)
+    if parent is None:
+        return []
+    ended = []
+    for stage, run_id in _stage_runs(client, experiment_entity.experiment_id, parent.info.run_id).items():
+        if client.get_run(run_id).info.status == "RUNNING":
+            set_run_status(tracking_uri, run_id, status)
+            ended.append(stage)
+    if client.get_run(parent.info.run_id).info.status == "RUNNING":
+        set_run_status(tracking_uri, parent.info.run_id, status)
+        ended.append(parent.info.run_name)
+    return ended
+
+
 @contextlib.contextmanager
 def fails_run(tracking_uri: str, run_id: str) -> Iterator[str]:
     """``with fails_run(uri, run_id):`` marks the run FAILED (ending it now) if the body raises."""

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         print("merge failed:\n" + traceback.format_exc(), flush=True)
         return EXIT_FAILURE
-    print(f"merge done: {report.summary()}", flush=True)
+    print(f"merge done: {report.merged_dir}", flush=True)  # the summary is the merge's own last line above
     return EXIT_OK
 
 

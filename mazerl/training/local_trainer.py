@@ -46,6 +46,7 @@ from envs.evalset import load as load_eval_set
 from mazerl.fingerprint import model_fingerprint
 from mazerl.policy.prefix_engine import PrefixCachingEngine
 from mazerl.policy.vision_cache import VisionCache
+from mazerl.progress import ProgressMeter
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, save_config
 from mazerl.training.data import epoch_of_step, step_indices, training_pool
@@ -452,6 +453,7 @@ class LocalGRPOTrainer:
             + (f", resumed from step {start_step}" if resume_from else "")
         )
         last_checkpoint = resume_from
+        meter = ProgressMeter(config.steps, "step", done=start_step)  # time left from this attempt's steps
         for step in range(start_step + 1, config.steps + 1):
             seed_everything(step_seed(config.seed, step))
             step_started = time.perf_counter()
@@ -486,7 +488,8 @@ class LocalGRPOTrainer:
             self.log(
                 f"step {step}/{config.steps}: reward {metrics['train/reward_mean']:.3f} "
                 f"success {metrics['train/success_rate']:.3f} loss {metrics['train/policy_loss']:+.4f} "
-                f"({metrics['train/step_seconds']:.1f}s: rollout {rollout_seconds:.1f}s, update {update_seconds:.1f}s)"
+                f"({metrics['train/step_seconds']:.1f}s: rollout {rollout_seconds:.1f}s, update {update_seconds:.1f}s); "
+                + meter.times(step)
             )
         return self._finish(start_step, config.steps, last_checkpoint, started)
 

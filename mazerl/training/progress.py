@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mazerl import paths
+from mazerl.progress import ProgressMeter
 from mazerl.training import checkpoints
 
 # "step 3/160:" at a word boundary ("global_step 3" and "Resuming from global_step: 3" do not match).
@@ -30,8 +31,9 @@ STEP_LINE = re.compile(r"\bstep (\d+)/(\d+):")
 SKYRL_STEP_KEY = "trainer/global_step"
 
 
-def step_line(step: int, total: int, metrics: Mapping[str, Any]) -> str:
-    """``step 3/160: reward 0.512 success 0.438 (52.1s)``, from the metric names of design section 5."""
+def step_line(step: int, total: int, metrics: Mapping[str, Any], times: str | None = None) -> str:
+    """``step 3/160: reward 0.512 success 0.438 (52.1s); 02:36 elapsed, 2:15:24 left``, from the metric
+    names of design section 5; ``times`` (:meth:`mazerl.progress.ProgressMeter.times`) ends it."""
     parts = [f"step {step}/{total}:"]
     for label, key, spec in (
         ("reward", "train/reward_mean", ".3f"),
@@ -42,7 +44,7 @@ def step_line(step: int, total: int, metrics: Mapping[str, Any]) -> str:
             parts.append(f"{label} {metrics[key]:{spec}}")
     if isinstance(metrics.get("train/step_seconds"), int | float):
         parts.append(f"({metrics['train/step_seconds']:.1f}s)")
-    return " ".join(parts)
+    return " ".join(parts) + (f"; {times}" if times else "")
 
 
 def parse_step_line(line: str) -> tuple[int, int] | None:
@@ -65,10 +67,14 @@ def tracker_hook(
     (eval-only payloads carry no ``trainer/global_step``).
     """
 
+    meters: list[ProgressMeter] = []  # started at the first finished step: resumed steps do not count
+
     def log_and_report(data: dict, step: int, commit: bool = False) -> None:
         log(data, step, commit=commit)
         if SKYRL_STEP_KEY in data:
-            emit(step_line(int(step), total_steps, data))
+            if not meters:
+                meters.append(ProgressMeter(total_steps, "step", done=int(step)))
+            emit(step_line(int(step), total_steps, data, meters[0].times(int(step))))
 
     return log_and_report
 
