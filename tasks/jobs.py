@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger
-from prefect.runtime import task_run
+from prefect.runtime import flow_run, task_run
 
 from mazerl.cluster.errors import RetryableJobError
 from mazerl.cluster.submitter import JobOutcome, RayJob, module_entrypoint
@@ -44,8 +44,10 @@ def run_stage_job(
     ``entrypoint_memory`` to start the job on a node with that much memory.
     """
     logger = get_run_logger()
-    if task_run.id is not None and context.flow_run_id != "local":  # a crashed attempt left its task run RUNNING?
-        for name in close_crashed_attempts(context.flow_run_id, task_run.id, stage):
+    # A crashed attempt of this Prefect flow run left its task run RUNNING? (The Prefect flow run's own id:
+    # context.flow_run_id names the pipeline run, which is "local" or any string outside a deployment.)
+    if task_run.id is not None and flow_run.id is not None:
+        for name in close_crashed_attempts(flow_run.id, task_run.id, stage):
             logger.info(f"{stage}: marked task run {name!r} of a killed attempt Crashed (it could not say so itself)")
 
     def log(line: str) -> None:
