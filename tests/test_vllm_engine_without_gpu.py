@@ -86,8 +86,8 @@ def test_stop_and_banned_tokens_are_the_hf_engines(policy, starter_model_dir):
     hf = HFEngine(policy.model, policy.processor)
     stops = stop_token_ids(policy.processor, starter_model_dir)
     assert stops == hf.eos_ids
-    assert banned_token_ids(policy.processor, stops) == hf.suppressed_ids
-    assert image_token_id(policy.processor) in hf.suppressed_ids, "a reply must never contain an image placeholder"
+    assert banned_token_ids(policy.processor, stops) == hf.banned_ids
+    assert image_token_id(policy.processor) in hf.banned_ids, "a reply must never contain an image placeholder"
 
 
 @pytest.mark.parametrize(
