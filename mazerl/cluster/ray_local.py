@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import inspect
+import ipaddress
 import json
 import logging
 import os
@@ -229,7 +230,7 @@ def start_local_head(
     (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1``) swaps 127.0.0.1 itself for the machine's external
     address, but keeps any other address of 127.0.0.0/8.
     """
-    if not node_ip.startswith("127."):
+    if not _is_loopback(node_ip):
         raise ValueError(f"node_ip ({node_ip}) must be a loopback address (127.x.y.z): the embedded head is local")
     temp = _temp_dir(temp_dir)
     with _registry_lock(temp):
@@ -667,6 +668,14 @@ def _process_group_alive(pgid: int) -> bool:
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+def _is_loopback(address: str) -> bool:
+    """True for an IP address of 127.0.0.0/8 (or ::1); False for anything else, names included."""
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 def _port_free(port: int) -> bool:
