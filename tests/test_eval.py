@@ -97,6 +97,7 @@ def test_two_workers_equal_one_worker_maze_by_maze(starter_model_dir, tmp_path, 
         ({"max_mazes": 0}, ValueError, "max_mazes"),
         ({"eval_set": "maze9-nope"}, ValueError, "unknown eval set"),
         ({"history_images": 0}, ValueError, "history_images"),
+        ({"history_images": 2, "history_text": "feedback"}, ValueError, "history_images: 1"),
     ],
 )
 def test_bad_eval_arguments_are_refused_before_any_work(starter_model_dir, tmp_path, overrides, error, message):

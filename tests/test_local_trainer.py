@@ -150,6 +150,20 @@ def test_config_errors_exit_with_code_2(tmp_path, starter_model_dir):
     assert result.returncode == 2 and "learning_rate" in result.stdout
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"history_text": -1}, "history_text"),
+        ({"history_text": "last"}, "history_text"),
+        ({"history_images": 2, "history_text": "feedback"}, "history_images: 1"),
+    ],
+)
+def test_bad_context_modes_are_refused_by_the_config_with_the_fix(tmp_path, starter_model_dir, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(tmp_path, starter_model_dir, **overrides)
+    assert tiny_config(tmp_path, starter_model_dir, history_text="feedback").history_text == "feedback"
+
+
 def test_mini_batches_hold_whole_groups_in_rollout_order():
     from mazerl.training.local_trainer import TurnSample, mini_batches
 

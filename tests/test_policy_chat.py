@@ -174,3 +174,44 @@ def test_bad_history_text_is_refused_with_the_fix(processor, bad):
     conversation, _ = play(processor, 0)
     with pytest.raises(ChatError, match="history_text"):
         render(processor, conversation, history_images=1, history_text=bad)
+
+
+def test_history_text_feedback_adds_the_last_feedback_line_only_after_a_reply_that_got_nowhere(processor):
+    # given a walk with wall bumps and moves (seed 3: "up" from the start is a wall)
+    env = MazeEnv(size=7, cell_px=16, max_moves=50)
+    frame, _ = env.reset(seed=3)
+    conversation = Conversation.start(env.prompt(), frame)
+    contexts = [render(processor, conversation, 1, "feedback")]
+    for action in (0, 1, 2, 3, 0, 1, 2, 3):
+        text = action_text(action)
+        ids = [*processor.tokenizer(text, add_special_tokens=False)["input_ids"], end_of_turn_id(processor)]
+        frame, _, _, _, info = env.step(text)
+        conversation.add_reply(ids, text)
+        conversation.add_observation(info["feedback"], frame)
+        contexts.append(render(processor, conversation, 1, "feedback"))
+    prompt = conversation.observations[0].text
+    observations = conversation.observations
+    bumps = 0
+    for turn, ((ids, images), observation) in enumerate(zip(contexts, observations, strict=True)):
+        text = processor.tokenizer.decode(ids)
+        # then each context is one user message with the current frame and no past reply
+        assert text.count("<|im_start|>") == 2, text  # the user message + the generation prompt
+        assert len(images) == 1 and np.array_equal(images[0], observation.frame)
+        # and the feedback line follows the prompt exactly when the last reply left the frame unchanged
+        stuck = turn > 0 and np.array_equal(observation.frame, observations[turn - 1].frame)
+        bumps += stuck
+        expected = f"{prompt}\n{observation.text}" if stuck else prompt
+        assert text.startswith(f"<|im_start|>user\n{expected}<|vision_start|>"), text[:300]
+        assert ("Cannot move into a wall." in text) == stuck
+    assert 0 < bumps < len(contexts) - 1, "the walk both bumps and moves"
+    # and a context is a function of (frame, stuck): equal pairs give equal token ids
+    keyed: dict[tuple, tuple] = {}
+    for turn, (ids, images) in enumerate(contexts):
+        stuck = turn > 0 and np.array_equal(images[0], contexts[turn - 1][1][0])
+        assert keyed.setdefault((images[0].tobytes(), stuck), tuple(ids)) == tuple(ids)
+
+
+def test_history_text_feedback_with_more_than_one_frame_is_refused_with_the_fix(processor):
+    conversation, _ = play(processor, 1)
+    with pytest.raises(ChatError, match="history_images: 1"):
+        render(processor, conversation, history_images=2, history_text="feedback")

@@ -28,6 +28,10 @@ def _history(value: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{value!r} is not 'all' or an integer") from None
 
 
+def _history_text(value: str) -> int | str:
+    return value if value == "feedback" else _history(value)
+
+
 def add_eval_command(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("eval", help="evaluate a model greedily on an eval set (Ray workers)")
     parser.add_argument("--model", required=True, help="Hugging Face model directory (e.g. the starter)")
@@ -47,7 +51,10 @@ def add_eval_command(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--history-images", type=_history, default=None, help="'all' or K; default: the model's")
     parser.add_argument(
-        "--history-text", type=_history, default=None, help="'all' or K past exchanges; default: the model's"
+        "--history-text",
+        type=_history_text,
+        default=None,
+        help="'all', K past exchanges, or 'feedback' (the last feedback line only); default: the model's",
     )
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--data-root", default=None, help="data root (default $MAZERL_HOME or ./.mazerl)")

@@ -173,10 +173,9 @@ def evaluate(
     count = len(mazes) if max_mazes is None else min(max_mazes, len(mazes))
     history = default_history_images(model_dir) if history_images is None else history_images
     text = default_history_text(model_dir) if history_text is None else history_text
-    from mazerl.policy.chat import check_history_images, check_history_text
+    from mazerl.policy.chat import check_context_mode
 
-    check_history_images(history)
-    check_history_text(text)
+    check_context_mode(history, text)
     out_dir = Path(out_dir).expanduser().resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     job = EvalJob(

@@ -16,10 +16,16 @@ Two settings say how much of the past a context shows (the *context mode*):
 - ``history_text``: how many past exchanges (a reply and the feedback after it) stay in the
   context as text. ``"all"`` (the reference) keeps every one; K keeps the task prompt and the
   last K exchanges; 0 keeps the task prompt alone, with the current frame attached to it.
-  With 0 or 1 a context is a function of the state the policy is in (its frame, and with 1
-  the last reply and feedback line, e.g. "Cannot move into a wall."), so identical states give
-  identical contexts, which the inference and scoring paths compute once (a Markov policy:
-  the maze's optimal action depends on the frame alone).
+  ``"feedback"`` is 0 plus the last feedback line when the last reply left the frame unchanged
+  (a wall bump, an unreadable reply: "Cannot move into a wall."), and no reply. With 0, 1 or
+  ``"feedback"`` a context is a function of the state the policy is in (its frame; with
+  ``"feedback"`` also whether the last reply got nowhere; with 1 the last reply and feedback), so
+  identical states give identical contexts, which the inference and scoring paths compute once
+  (a Markov policy: the maze's optimal action depends on the frame alone). With 0 a greedy
+  policy that bumps a wall sees the same context again and bumps forever; with ``"feedback"``
+  the context after a bump differs, so the policy can answer differently. A successful move's
+  line ("Moved up.") is left out on purpose: the last move gives the answer away in every dead
+  end ("go back"), which taught a starter trained with 1 to swing back and forth.
 - ``history_images``: the frames of the last K shown observations (``"all"``: every frame, as
   the reference does); older shown observations keep their feedback text only.
 
@@ -40,7 +46,7 @@ import numpy as np
 import torch
 
 HistoryImages = int | Literal["all"]
-HistoryText = int | Literal["all"]
+HistoryText = int | Literal["all", "feedback"]
 
 # Private-use characters: never produced by a tokenizer's decode of ordinary text, and
 # passed through unchanged by chat templates.
@@ -97,15 +103,26 @@ def check_history_images(history_images: HistoryImages) -> HistoryImages:
 
 
 def check_history_text(history_text: HistoryText) -> HistoryText:
-    """``"all"`` or an integer >= 0; anything else is refused with the fix."""
-    if history_text == "all" or (
+    """``"all"``, ``"feedback"`` or an integer >= 0; anything else is refused with the fix."""
+    if history_text in ("all", "feedback") or (
         isinstance(history_text, int) and not isinstance(history_text, bool) and history_text >= 0
     ):
         return history_text
     raise ChatError(
-        f"history_text={history_text!r} must be 'all' or an integer >= 0 (0: the task prompt and the current frame "
-        "only; 1: also the last reply and its feedback)"
+        f"history_text={history_text!r} must be 'all', 'feedback' or an integer >= 0 (0: the task prompt and the "
+        "current frame only; 'feedback': also the last feedback line; 1: also the last reply and its feedback)"
     )
+
+
+def check_context_mode(history_images: HistoryImages, history_text: HistoryText) -> None:
+    """Both settings valid, and consistent: ``history_text="feedback"`` shows the current frame only."""
+    check_history_images(history_images)
+    check_history_text(history_text)
+    if history_text == "feedback" and history_images != 1:
+        raise ChatError(
+            f"history_text='feedback' shows the current frame only, but history_images={history_images!r}; "
+            "set history_images: 1"
+        )
 
 
 def extends_previous(history_images: HistoryImages, history_text: HistoryText) -> bool:
@@ -147,6 +164,14 @@ def _messages(
     """Chat messages of the context, its frames in order, and the indices of the replies it shows."""
     observations = conversation.observations
     current = len(observations) - 1
+    if history_text == "feedback":
+        stuck = current > 0 and np.array_equal(observations[current].frame, observations[current - 1].frame)
+        text = f"{observations[0].text}\n{observations[current].text}" if stuck else observations[0].text
+        return (
+            [{"role": "user", "content": [{"type": "text", "text": text}, {"type": "image"}]}],
+            [observations[current].frame],
+            [],
+        )
     first_exchange = 0 if history_text == "all" or current <= history_text else current - history_text
     # Shown observations: the task prompt, then the one after each shown reply. With no exchange
     # shown (history_text 0, after the first turn) the current frame joins the task prompt.
@@ -173,8 +198,7 @@ def render(
     history_text: HistoryText = "all",
 ) -> tuple[list[int], list[np.ndarray]]:
     """The context the policy sees next: token ids (image pads expanded) and its frames, in order."""
-    check_history_images(history_images)
-    check_history_text(history_text)
+    check_context_mode(history_images, history_text)
     if len(conversation.observations) != len(conversation.replies) + 1:
         raise ChatError("render: the conversation must end with an observation (the policy's turn)")
     messages, images, shown_replies = _messages(conversation, history_images, history_text)

@@ -84,7 +84,7 @@ class StarterConfig(BaseModel):
     history_images: int | Literal["all"] = Field(
         1, description="Frames in the context the starter is trained on (and should be run with)."
     )
-    history_text: int | Literal["all"] = Field(
+    history_text: int | Literal["all", "feedback"] = Field(
         0,
         description="Past exchanges (reply + feedback) kept as text in its contexts; 0: the task prompt and the "
         "current frame, so the context is a function of the state (the embedded recipe trains with the same value). "

@@ -158,10 +158,11 @@ class TrainConfig(StrictModel):
         "all",
         description="Frames kept in the conversation: all (reference) or the last K, earlier turns kept as text.",
     )
-    history_text: int | Literal["all"] = Field(
+    history_text: int | Literal["all", "feedback"] = Field(
         "all",
         description="Past exchanges (reply + feedback) kept as text: all (reference) or the last K; 0: the task "
-        "prompt and the current frame only. 0 or 1 make identical states give identical contexts (computed once); "
+        "prompt and the current frame only; feedback: also the last feedback line (needs history_images 1). 0, 1 "
+        "or feedback make identical states give identical contexts (computed once); "
         "a starter records the value it was warm-started with, and training it should use the same.",
     )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="Adapter settings.")
@@ -252,9 +253,15 @@ class TrainConfig(StrictModel):
     def _cross_field_rules(self) -> TrainConfig:
         if self.history_images != "all" and self.history_images < 1:
             raise ValueError(f"history_images ({self.history_images}) must be 'all' or >= 1")
-        if self.history_text != "all" and self.history_text < 0:
+        if isinstance(self.history_text, int) and self.history_text < 0:
             raise ValueError(
-                f"history_text ({self.history_text}) must be 'all' or >= 0 (0: the task prompt and the current frame)"
+                f"history_text ({self.history_text}) must be 'all', 'feedback' or >= 0 (0: the task prompt and the "
+                "current frame)"
+            )
+        if self.history_text == "feedback" and self.history_images != 1:
+            raise ValueError(
+                f"history_text 'feedback' shows the current frame only, but history_images is "
+                f"{self.history_images!r}; set history_images: 1"
             )
         if self.mini_batch_mazes is not None and self.mazes_per_step % self.mini_batch_mazes:
             raise ValueError(
