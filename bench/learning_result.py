@@ -164,8 +164,8 @@ def report(args: argparse.Namespace) -> None:
             f"`mazerl.params.EMBEDDED_TRAINING`: {config['steps']} steps of {config['mazes_per_step']} mazes x "
             f"{grpo['samples_per_maze']} samples, {grpo['update_epochs']} clipped epochs per batch (clip "
             f"{grpo['clip_low']}), learning rate {config['learning_rate']:g}, temperature {grpo['temperature']:g}, "
-            f"LoRA rank {config['lora']['rank']} on the language model (vision frozen), context: the task prompt, "
-            f"the last {config['history_text']} exchange(s) and {config['history_images']} frame. Training seeds "
+            f"LoRA rank {config['lora']['rank']} on the language model (vision frozen), {config['torch_threads']} torch "
+            f"thread(s), context: {context_words(config)}. Training seeds "
             f"{', '.join(str(s) for s in args.seeds)} from the same starter; greedy success on all 256 held-out "
             f"mazes of `maze256-small-v1` (budget ceiling {ceiling:.1%}).",
             "",
@@ -202,6 +202,17 @@ def report(args: argparse.Namespace) -> None:
     print(body)
     if args.write:
         write_section("learning_result", body)
+
+
+def context_words(config: dict) -> str:
+    """The context mode in words (``history_images`` and ``history_text`` of the run)."""
+    frames = "every frame" if config["history_images"] == "all" else f"the last {config['history_images']} frame(s)"
+    text = config["history_text"]
+    if text == "feedback":
+        return f"the task prompt, {frames} and the last feedback line after a reply that got nowhere (`feedback`)"
+    if text == "all":
+        return f"the whole text history and {frames}"
+    return f"the task prompt, the last {text} exchange(s) and {frames}"
 
 
 def cells(runs: list[dict], text) -> str:
