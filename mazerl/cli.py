@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from flows.cli import add_run_command  # the orchestration layer (Prefect) is imported only when run
     from mazerl.cluster.ray_cli import add_ray_command
     from mazerl.evaluation.cli import add_eval_command
-    from mazerl.policy.starter_cli import add_build_starter_command
+    from mazerl.starter.cli import add_build_starter_command
     from mazerl.tracking.ui_cli import add_ui_command
 
     add_run_command(sub)

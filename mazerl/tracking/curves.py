@@ -18,6 +18,8 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from mlflow.tracking import MlflowClient
+
 SAMPLED_KEY = "train/success_rate"
 GREEDY_KEY = "eval/success_rate"
 MAX_TABLE_ROWS = 40
@@ -37,8 +39,6 @@ def history_from_mlflow(
     tracking_uri: str, run_id: str, keys: Sequence[str] = (SAMPLED_KEY, GREEDY_KEY)
 ) -> dict[str, Series]:
     """Per-step history of ``keys`` in a run (missing metrics give empty series)."""
-    from mlflow.tracking import MlflowClient
-
     client = MlflowClient(tracking_uri)
     history = {}
     for key in keys:
@@ -129,7 +129,7 @@ def plot_learning_curve(
     """Write ``learning_curve.png`` and ``learning_curve.md`` into ``out_dir``; returns both paths.
 
     The legend names the mazes each series was measured on (``greedy_on``, ``eval_on``)."""
-    import matplotlib
+    import matplotlib  # a second to import: only when a curve is drawn
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
@@ -189,8 +189,6 @@ def log_learning_curve(
     otherwise ``train_run_id`` (default: ``run_id``) is read from MLflow. The files land in
     the run's artifacts under ``learning_curve/``.
     """
-    from mlflow.tracking import MlflowClient
-
     if metrics_jsonl is not None:
         history = history_from_jsonl(metrics_jsonl)
     else:
