@@ -12,6 +12,7 @@ Outputs ``learning_curve.png`` (matplotlib, Agg: no display needed) and
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -19,6 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
+
+from mazerl.atomic import write_bytes, write_text
 
 SAMPLED_KEY = "train/success_rate"
 GREEDY_KEY = "eval/success_rate"
@@ -157,16 +160,10 @@ def plot_learning_curve(
     axes.legend(loc="best", fontsize=8)
     figure.tight_layout()
     png, markdown = out_dir / "learning_curve.png", out_dir / "learning_curve.md"
-    for path, write in (
-        (png, lambda tmp: figure.savefig(tmp, format="png")),
-        (
-            markdown,
-            lambda tmp: tmp.write_text(curve_table(history, baseline, final, greedy_on=greedy_on, eval_on=eval_on)),
-        ),
-    ):
-        tmp = path.with_name(f".{path.name}.tmp")
-        write(tmp)
-        os.replace(tmp, path)
+    image = io.BytesIO()
+    figure.savefig(image, format="png")
+    write_bytes(png, image.getvalue())
+    write_text(markdown, curve_table(history, baseline, final, greedy_on=greedy_on, eval_on=eval_on))
     plt.close(figure)
     return png, markdown
 
