@@ -28,8 +28,8 @@ from mazerl.policy.engines import GenerationSettings, HFEngine  # noqa: E402
 from mazerl.policy.episodes import run_episodes  # noqa: E402
 from mazerl.policy.loader import load_policy  # noqa: E402
 from mazerl.policy.prefix_engine import PrefixCachingEngine  # noqa: E402
-from mazerl.policy.starter import recorded_context_mode  # noqa: E402
 from mazerl.policy.vision_cache import VisionCache  # noqa: E402
+from mazerl.starter.record import recorded_context_mode  # noqa: E402
 
 
 def play(engine, processor, layouts, mode, chunk: int = 32) -> tuple[list, float]:
@@ -55,7 +55,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)  # as one eval worker
     if args.model is None:
-        from mazerl.policy.starter import ensure_starter
+        from mazerl.starter.build import ensure_starter
 
         args.model = str(ensure_starter())
     mode = recorded_context_mode(args.model)

@@ -24,7 +24,7 @@ from bench.report import write_section  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     from mazerl.evaluation import evaluate
-    from mazerl.policy.starter import ensure_starter
+    from mazerl.starter.build import ensure_starter
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="model directory (default: the starter, built if missing)")

@@ -70,8 +70,8 @@ def baseline_rows(model: Path, out: Path) -> list[dict]:
     from mazerl.policy.episodes import run_episodes
     from mazerl.policy.loader import load_policy
     from mazerl.policy.prefix_engine import PrefixCachingEngine
-    from mazerl.policy.starter import recorded_context_mode
     from mazerl.policy.vision_cache import VisionCache
+    from mazerl.starter.record import recorded_context_mode
 
     torch.set_num_threads(2)
     eval_set = load_eval_set("maze256-small-v1")

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         from mazerl.cluster.ray_local import start_local_head
-        from mazerl.policy.starter import ensure_starter
+        from mazerl.starter.build import ensure_starter
 
         model = Path(args.model).resolve() if args.model else ensure_starter()
         ray_temp = tempfile.mkdtemp(prefix="mzr-b", dir="/tmp")

@@ -116,7 +116,7 @@ def fit_line(name: str, xs: list[float], ys: list[float], unit: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mazerl.policy.starter import ensure_starter
+    from mazerl.starter.build import ensure_starter
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(

@@ -45,8 +45,9 @@ def greedy_success(model, processor, layouts, history_images, cell_px: int, max_
 def build_one(seed: int, checkpoints: int, workdir: Path) -> dict:
     from envs.evalset import load as load_eval_set
     from mazerl.evaluation import evaluate
-    from mazerl.policy.starter import StarterConfig, build_starter, read_record
-    from mazerl.policy.warmstart import training_mazes
+    from mazerl.starter.build import StarterConfig, build_starter
+    from mazerl.starter.record import read_record
+    from mazerl.starter.warmstart import training_mazes
 
     config = StarterConfig(seed=seed)
     eval_set = load_eval_set(config.eval_set)

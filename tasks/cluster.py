@@ -7,7 +7,8 @@ from prefect.artifacts import create_table_artifact
 
 from mazerl.cluster.verify import requirements_for, verify_cluster
 from mazerl.params import PipelineParams
-from mazerl.tracking.lineage import client_for, stage_run
+from mazerl.tracking.lineage import stage_run
+from mazerl.tracking.store import client_for
 from tasks.context import RunContext, ray_headers
 
 # What a user changes when a check fails: the pipeline parameter behind each requirement.

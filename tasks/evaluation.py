@@ -18,7 +18,9 @@ from envs.evalset import load as load_eval_set
 from mazerl.evaluation.evaluate import EvalReport
 from mazerl.fingerprint import model_fingerprint
 from mazerl.params import EvalParams, PipelineParams
-from mazerl.tracking.lineage import client_for, log_eval_report, log_eval_set, stage_run
+from mazerl.tracking.evals import log_eval_report, log_eval_set
+from mazerl.tracking.lineage import stage_run
+from mazerl.tracking.store import client_for
 from tasks.context import RunContext
 from tasks.jobs import run_stage_job, write_request
 

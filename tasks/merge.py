@@ -1,7 +1,7 @@
 """merge_lora: fold the adapter named by the checkpoint marker into the base model, with proof.
 
-The merge runs as a Ray job (``mazerl.tracking.merge_entry``) asking Ray for the memory it needs
-(:mod:`mazerl.tracking.merge_memory`): a whole copy of the base model, which a flow-run pod does
+The merge runs as a Ray job (``mazerl.merge.job_entry``) asking Ray for the memory it needs
+(:mod:`mazerl.merge.memory`): a whole copy of the base model, which a flow-run pod does
 not have. The job writes the merged directory and its ``merge_record.json`` on the shared mount;
 the job also saves it as an MLflow transformers model beside it (``<run>/mlflow_model``); this task
 reads the record back and uploads that model to MLflow.
@@ -14,10 +14,11 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
+from mazerl.merge.lora import MergeReport
+from mazerl.merge.memory import merge_memory, weights_bytes
 from mazerl.params import PipelineParams
-from mazerl.tracking.lineage import log_merged_model, stage_run
-from mazerl.tracking.merge import MergeReport
-from mazerl.tracking.merge_memory import merge_memory, weights_bytes
+from mazerl.tracking.lineage import stage_run
+from mazerl.tracking.mlflow_model import log_merged_model
 from tasks.context import RunContext
 from tasks.jobs import retry_on_infrastructure, run_stage_job, write_request
 from tasks.training import TrainOutcome
@@ -56,7 +57,7 @@ def merge(run: RunContext, trained: TrainOutcome, params: PipelineParams) -> Mer
     need = merge_memory(weights_bytes(run.base_model))
     logger.info(f"merge_lora: a Ray job asking for {need.describe()}")
     with stage_run(run.tracking_uri, run_id):
-        run_stage_job(run, "merge_lora", "mazerl.tracking.merge_entry", request, entrypoint_memory=need.total_bytes)
+        run_stage_job(run, "merge_lora", "mazerl.merge.job_entry", request, entrypoint_memory=need.total_bytes)
         report = MergeReport.read(out_dir)  # its summary is in the job's last line ("merge done: ...") above
         logged = log_merged_model(run.tracking_uri, run_id, report.merged_dir, run.run_dir / "mlflow_model")
     return MergedModel(Path(report.merged_dir), logged.source, report.checkpoint_step or 0, report.summary())

@@ -17,9 +17,10 @@ from mazerl.cluster.ray_local import find_local_head
 from mazerl.evaluation.evaluate import EvalReport
 from mazerl.params import PipelineParams
 from mazerl.tracking.curves import log_learning_curve
-from mazerl.tracking.lineage import HEADLINE_METRICS, client_for, experiment_url, fails_run, set_run_status, ui_url
+from mazerl.tracking.lineage import fails_run, set_run_status
 from mazerl.tracking.registry import PromotionDecision, promote
 from mazerl.tracking.secrets import scrub_text
+from mazerl.tracking.store import HEADLINE_METRICS, client_for, experiment_url, ui_url
 from tasks.context import RunContext
 from tasks.merge import MergedModel
 from tasks.training import TrainOutcome

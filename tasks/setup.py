@@ -13,16 +13,12 @@ from envs.evalset import load as load_eval_set
 from mazerl.cluster.ray_local import ensure_local_head
 from mazerl.fingerprint import model_fingerprint
 from mazerl.params import PIPELINE_SET_TRAINING_FIELDS, EvalParams, PipelineParams
-from mazerl.policy.starter import ensure_starter
 from mazerl.preflight import InputError, check_pipeline_inputs, check_tracking_uri
-from mazerl.tracking.lineage import (
-    client_for,
-    default_artifact_location,
-    ensure_experiment,
-    log_params,
-    start_pipeline_run,
-)
+from mazerl.starter.build import ensure_starter
+from mazerl.tracking.lineage import start_pipeline_run
+from mazerl.tracking.params import log_params
 from mazerl.tracking.registry import model_version_dir
+from mazerl.tracking.store import client_for, default_artifact_location, ensure_experiment
 from tasks.context import RunContext
 
 

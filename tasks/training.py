@@ -10,7 +10,9 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from mazerl.cluster.submitter import META_IDENTITY_PREFIX
 from mazerl.params import PipelineParams
-from mazerl.tracking.lineage import log_config_file, log_params, stage_run
+from mazerl.tracking.artifacts import log_config_file
+from mazerl.tracking.lineage import stage_run
+from mazerl.tracking.params import log_params
 from mazerl.training import checkpoints
 from mazerl.training.config import save_config
 from mazerl.training.progress import TrainingProgress

@@ -27,10 +27,10 @@ def starter_model_dir(tmp_path_factory: pytest.TempPathFactory):
     full one; a few warm-start steps, so it answers in the action format but rarely solves a maze).
 
     Built once per test session (about 20-40 s on 2 cores) under ``<tmp>/starter-root`` through
-    ``mazerl.policy.starter.ensure_starter`` and returned as the model directory (a ``Path``);
+    ``mazerl.starter.build.ensure_starter`` and returned as the model directory (a ``Path``);
     treat it as read-only.
     """
-    from mazerl.policy.starter import StarterConfig, ensure_starter
+    from mazerl.starter.build import StarterConfig, ensure_starter
 
     root = tmp_path_factory.mktemp("starter-root")
     return ensure_starter(root, StarterConfig.reduced_build(), log=lambda _: None)
@@ -55,7 +55,7 @@ def _mlflow_template_db(tmp_path_factory: pytest.TempPathFactory):
 def mlflow_root(tmp_path, _mlflow_template_db):
     """A fresh data root whose ``mlflow.db`` is an empty, migrated MLflow store (``<root>/mlartifacts`` not yet made).
 
-    Its tracking URI is ``mazerl.tracking.lineage.default_tracking_uri(root)``.
+    Its tracking URI is ``mazerl.tracking.store.default_tracking_uri(root)``.
     """
     import shutil
 

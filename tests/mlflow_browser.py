@@ -24,7 +24,8 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from mazerl.tracking.lineage import STAGES, experiment_url
+from mazerl.tracking.lineage import STAGES
+from mazerl.tracking.store import experiment_url
 
 CHROMIUM_NAMES = ("chromium-headless-shell", "chromium", "chromium-browser")
 PAGE_TIMEOUT_MS = 180_000  # the UI's first load on a busy 2-core machine takes tens of seconds

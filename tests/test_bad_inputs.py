@@ -242,7 +242,7 @@ def hyperpod_not_found(w: World) -> Exception:
 
 
 def bad_cron(w: World) -> Exception:
-    from flows.deployments import PREFECT_YAML, check_schedules
+    from cli.schedules import PREFECT_YAML, check_schedules
 
     edited = w.tmp / "prefect.yaml"
     edited.write_text(PREFECT_YAML.read_text().replace('cron: "0 3 * * 1"', 'cron: "61 3 * * 1"'))

@@ -380,7 +380,8 @@ TRAIN_STAGE_SCRIPT = textwrap.dedent(
 
 
 def stage_context(root: Path, model: Path, address: str, run_id: str, flow_run_id: str):
-    from mazerl.tracking.lineage import default_tracking_uri, start_pipeline_run
+    from mazerl.tracking.lineage import start_pipeline_run
+    from mazerl.tracking.store import default_tracking_uri
     from tasks.context import RunContext
 
     uri = default_tracking_uri(root)
@@ -570,7 +571,7 @@ def test_rehearsal_no_gpu_hf_for_vllm_pipeline_survives_a_gpu_worker_killed_whil
         assert {w["node_id"] for w in placement} <= gpu_workers and all(len(w["gpu_ids"]) == 1 for w in placement)
         assert {w["device"] for w in placement} == {"cpu"}, "no CUDA here: the hf engine ran on CPU"
     # and the merge ran as a job that asked Ray for a whole model copy's memory, on a node that has it.
-    from mazerl.tracking.merge_memory import merge_memory, weights_bytes
+    from mazerl.merge.memory import merge_memory, weights_bytes
 
     (merge,) = cluster.jobs(flow_run, "merge_lora")
     asked = int(merge.metadata["mazerl_entrypoint_memory"])

@@ -261,7 +261,7 @@ def test_kills_between_a_checkpoint_and_its_metrics_row_leave_every_step_logged_
 ):
     from mlflow.tracking import MlflowClient
 
-    from mazerl.tracking.lineage import default_tracking_uri
+    from mazerl.tracking.store import default_tracking_uri
 
     # Given a 6-step run with a checkpoint every 2 steps, logging to MLflow and metrics.jsonl,
     uri = default_tracking_uri(mlflow_root)
@@ -516,7 +516,8 @@ def test_ray_head_gone_when_the_train_stage_starts_is_a_retryable_error_naming_t
 
     from mazerl.cluster.errors import RetryableJobError
     from mazerl.params import PipelineParams
-    from mazerl.tracking.lineage import default_tracking_uri, start_pipeline_run
+    from mazerl.tracking.lineage import start_pipeline_run
+    from mazerl.tracking.store import default_tracking_uri
     from tasks.context import RunContext
     from tasks.jobs import retry_on_infrastructure
     from tasks.training import train

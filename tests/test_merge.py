@@ -11,10 +11,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from mazerl.fingerprint import model_fingerprint
+from mazerl.merge import proofs
+from mazerl.merge.lora import MergeError, merge_adapter, merge_lora
 from mazerl.policy.chat import model_inputs
 from mazerl.policy.loader import load_policy
-from mazerl.tracking import merge
-from mazerl.tracking.merge import MergeError, merge_adapter, merge_lora
 from mazerl.training import checkpoints
 
 # The PEFT merge and transformers' save/load, on the versions the image ships too (`make test-image-stack`).
@@ -89,10 +89,10 @@ def test_merged_model_reproduces_base_plus_adapter_logits(starter_model_dir, tra
     # an independent reference: the standard loader with the adapter left unmerged
     with_adapter = load_policy(starter_model_dir, adapter_dir=checkpoints.latest(trained).adapter_dir, device="cpu")
     reloaded = load_policy(out, device="cpu")
-    ids, images = merge.probe_contexts(with_adapter.processor)
+    ids, images = proofs.probe_contexts(with_adapter.processor)
     inputs = model_inputs(with_adapter.processor, ids, images)
-    reference = merge.probe_logits(with_adapter.model, inputs)
-    got = merge.probe_logits(reloaded.model, inputs)
+    reference = proofs.probe_logits(with_adapter.model, inputs)
+    got = proofs.probe_logits(reloaded.model, inputs)
     difference = float((got - reference).abs().max())
     assert difference <= 1e-4 * max(1.0, float(reference.abs().max())), f"logits differ by {difference}"
     assert report.adapter_effect > 100 * difference, "the adapter must change the logits far beyond the tolerance"
@@ -116,7 +116,8 @@ def test_merged_directory_is_complete_and_recorded(starter_model_dir, trained, m
     ):
         assert required in names, f"{required} missing from the merged directory"
     # the starter's record comes along (the eval reads history_images from it), true of the merged weights
-    from mazerl.policy.starter import read_record, weights_digest
+    from mazerl.starter.build import weights_digest
+    from mazerl.starter.record import read_record
 
     base_record, merged_record = read_record(starter_model_dir), read_record(out)
     assert merged_record["config"] == base_record["config"]
@@ -310,16 +311,16 @@ def test_bf16_checkpoint_is_merged_and_proved_in_bf16_and_stays_bf16(bf16_base, 
     assert report.adapter_effect > report.logits_tolerance, "the adapter's effect is far above bf16 rounding"
     with_adapter = load_policy(bf16_base, adapter_dir=adapter, device="cpu", dtype=torch.bfloat16)
     reloaded = load_policy(tmp_path / "out", device="cpu", dtype=torch.bfloat16)
-    inputs = model_inputs(with_adapter.processor, *merge.probe_contexts(with_adapter.processor))
-    reference = merge.probe_logits(with_adapter.model, inputs)
-    difference = float((merge.probe_logits(reloaded.model, inputs) - reference).abs().max())
+    inputs = model_inputs(with_adapter.processor, *proofs.probe_contexts(with_adapter.processor))
+    reference = proofs.probe_logits(with_adapter.model, inputs)
+    difference = float((proofs.probe_logits(reloaded.model, inputs) - reference).abs().max())
     assert difference <= report.logits_tolerance, f"reloaded bf16 logits differ by {difference}"
 
 
 def test_merge_that_would_not_fit_in_memory_is_refused_with_the_numbers_before_loading(
     starter_model_dir, trained, tmp_path, monkeypatch
 ):
-    from mazerl.tracking.merge_memory import GIB, MergeMemoryError
+    from mazerl.merge.memory import GIB, MergeMemoryError
 
     def no_loading(*_args, **_kwargs):
         raise AssertionError("the base model must not be loaded before the memory check")
@@ -335,7 +336,7 @@ def test_merge_that_would_not_fit_in_memory_is_refused_with_the_numbers_before_l
 
 
 def test_memory_need_of_an_8b_bf16_model_fits_the_head_not_the_flow_pod():
-    from mazerl.tracking.merge_memory import GIB, MergeMemoryError, check_merge_memory, merge_memory
+    from mazerl.merge.memory import GIB, MergeMemoryError, check_merge_memory, merge_memory
 
     need = merge_memory(int(16.3 * GIB))  # Qwen3-VL-8B in bfloat16
     assert 22 * GIB < need.total_bytes < 24 * GIB, need.describe()
@@ -352,7 +353,7 @@ def test_memory_need_of_an_8b_bf16_model_fits_the_head_not_the_flow_pod():
     ],
 )
 def test_merge_entry_refuses_an_unusable_request_with_exit_2(tmp_path, capsys, request_text, says):
-    from mazerl.tracking.merge_entry import EXIT_CONFIG_ERROR, main
+    from mazerl.merge.job_entry import EXIT_CONFIG_ERROR, main
 
     path = tmp_path / "merge_request.json"
     path.write_text(request_text)
@@ -361,7 +362,7 @@ def test_merge_entry_refuses_an_unusable_request_with_exit_2(tmp_path, capsys, r
 
 
 def test_merge_entry_with_no_checkpoint_is_exit_2_not_a_retry(starter_model_dir, tmp_path, capsys):
-    from mazerl.tracking.merge_entry import EXIT_CONFIG_ERROR, main
+    from mazerl.merge.job_entry import EXIT_CONFIG_ERROR, main
 
     request = {
         "base_model": str(starter_model_dir),

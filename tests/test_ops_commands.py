@@ -17,7 +17,7 @@ import psutil
 
 from mazerl.cluster.ray_local import default_temp_dir, find_local_head
 
-MAZERL = [sys.executable, "-m", "mazerl.cli"]
+MAZERL = [sys.executable, "-m", "cli.main"]
 
 # A deployment's flow run: takes the embedded head with ensure_local_head (started if none runs),
 # does its work, and ends without stopping it.
@@ -78,7 +78,7 @@ def test_ray_stop_stops_the_head_a_deployment_run_left_up_and_never_one_in_use(t
 
 
 def test_mazerl_ui_serves_the_embedded_store_and_prints_the_runs_table_link(mlflow_root):
-    from mazerl.tracking.lineage import default_tracking_uri, ensure_experiment
+    from mazerl.tracking.store import default_tracking_uri, ensure_experiment
 
     # Given an embedded store with the pipeline's experiment,
     experiment_id = ensure_experiment(default_tracking_uri(mlflow_root), "vlm-maze-grpo")
@@ -118,7 +118,7 @@ def test_mazerl_ui_without_a_store_says_where_it_looked(tmp_path):
 
 
 def test_the_closing_hint_names_commands_of_this_environment_that_work_pasted(tmp_path, monkeypatch):
-    from flows.cli import closing_hints
+    from cli.run import closing_hints
     from mazerl import paths
 
     # Given a run on the embedded store, seen from the project directory (where .venv lies),

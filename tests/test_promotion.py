@@ -5,13 +5,13 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from mazerl.tracking import lineage, registry
+from mazerl.tracking import artifacts, lineage, registry, store
 from mazerl.tracking.registry import CHAMPION, RegistryError, promote
 
 
 @pytest.fixture
 def uri(mlflow_root):
-    return lineage.default_tracking_uri(mlflow_root)
+    return store.default_tracking_uri(mlflow_root)
 
 
 def merged_model_source(uri, tmp_path) -> tuple[str, str]:
@@ -22,8 +22,8 @@ def merged_model_source(uri, tmp_path) -> tuple[str, str]:
     model = tmp_path / f"merged-{run_id}"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    lineage.log_dir_artifacts(uri, run_id, model, "merged_model")
-    return lineage.artifact_uri(uri, run_id, "merged_model"), run_id
+    artifacts.log_dir_artifacts(uri, run_id, model, "merged_model")
+    return artifacts.artifact_uri(uri, run_id, "merged_model"), run_id
 
 
 def champion_version(uri, name="maze-vlm"):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from flows.cli import add_run_command, build_params
+from cli.run import add_run_command, build_params
 from mazerl.params import MINIATURE_TRAINING, PipelineParams
 
 

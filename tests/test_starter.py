@@ -5,16 +5,8 @@ import threading
 
 import pytest
 
-from mazerl.policy.starter import (
-    RECORD_FILE,
-    STARTER_NAME,
-    StarterConfig,
-    StarterError,
-    build_starter,
-    ensure_starter,
-    read_record,
-    weights_digest,
-)
+from mazerl.starter.build import STARTER_NAME, StarterConfig, build_starter, ensure_starter, weights_digest
+from mazerl.starter.record import RECORD_FILE, StarterError, read_record
 
 
 def test_two_concurrent_ensure_calls_build_once_and_match_the_fixture_digest(starter_model_dir, tmp_path):

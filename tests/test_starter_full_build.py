@@ -9,7 +9,8 @@ import json
 
 from envs.evalset import load as load_eval_set
 from mazerl.evaluation import evaluate
-from mazerl.policy.starter import StarterConfig, build_starter, read_record
+from mazerl.starter.build import StarterConfig, build_starter
+from mazerl.starter.record import read_record
 
 
 def test_full_build_greedy_baseline_on_the_embedded_set_is_between_25_and_60_percent(tmp_path):

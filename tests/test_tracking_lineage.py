@@ -13,8 +13,10 @@ from pydantic import BaseModel
 
 from envs.evalset import EvalSetError, path_for
 from envs.render import episode_gif
-from mazerl.tracking import lineage
-from mazerl.tracking.lineage import STAGES, EvalReportError, LineageError
+from mazerl.tracking import evals, lineage, params, store
+from mazerl.tracking.evals import EvalReportError
+from mazerl.tracking.lineage import STAGES
+from mazerl.tracking.params import LineageError
 
 
 def client_of(uri):
@@ -23,7 +25,7 @@ def client_of(uri):
 
 @pytest.fixture
 def uri(mlflow_root):
-    return lineage.default_tracking_uri(mlflow_root)
+    return store.default_tracking_uri(mlflow_root)
 
 
 def all_runs(uri, experiment_id):
@@ -78,30 +80,32 @@ def test_pipeline_run_is_a_parent_whose_stage_runs_start_with_their_stages(uri, 
     view = json.loads(experiment.tags["mlflow.sharedViewState.mazerl"])  # the runs table's columns
     assert "metrics.`result/final_success`" in view["selectedColumns"]
     assert experiment.artifact_location == (mlflow_root / "mlartifacts").as_uri()
-    assert runs.job_env("train") == {"MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": runs.run_id("train")}
+    # and the run id the train task hands its Ray job (MLFLOW_RUN_ID, tasks/training.py) is the train child's
+    train = client.get_run(lineage.stage_run_id(uri, runs.parent_run_id, "train"))
+    assert train.info.run_id == runs.run_id("train") and train.data.tags["mazerl.stage"] == "train"
 
 
 def test_an_existing_experiment_gets_the_model_training_kind_unless_it_has_one(uri):
     client = client_of(uri)
     untyped = client.create_experiment("old")
     chosen = client.create_experiment("chosen", tags={"mlflow.experimentKind": "genai_development"})
-    assert lineage.ensure_experiment(uri, "old") == untyped
-    lineage.ensure_experiment(uri, "chosen")
+    assert store.ensure_experiment(uri, "old") == untyped
+    store.ensure_experiment(uri, "chosen")
     assert client.get_experiment(untyped).tags["mlflow.experimentKind"] == "custom_model_development"
     assert client.get_experiment(chosen).tags["mlflow.experimentKind"] == "genai_development", "a user's choice stays"
 
 
 def test_ui_links_open_the_model_training_view():
     # MLflow 3.17's UI opens every experiment on its GenAI overview unless the URL says otherwise.
-    assert lineage.experiment_url("http://127.0.0.1:5000/", "3", "abc") == (
+    assert store.experiment_url("http://127.0.0.1:5000/", "3", "abc") == (
         "http://127.0.0.1:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
     )
-    assert lineage.experiment_url("https://mlflow.example", "3") == (
+    assert store.experiment_url("https://mlflow.example", "3") == (
         "https://mlflow.example/#/experiments/3/runs?viewStateShareKey=mazerl&workflowType=machine_learning"
     )
-    assert lineage.ui_url("sqlite:////x/mlflow.db") == "http://127.0.0.1:5000"
-    assert lineage.ui_url("https://mlflow.example/") == "https://mlflow.example"
-    assert lineage.ui_url("databricks") is None
+    assert store.ui_url("sqlite:////x/mlflow.db") == "http://127.0.0.1:5000"
+    assert store.ui_url("https://mlflow.example/") == "https://mlflow.example"
+    assert store.ui_url("databricks") is None
 
 
 def test_retried_flow_run_reattaches_to_its_runs(uri):
@@ -181,11 +185,11 @@ class Holder:
     ],
 )
 def test_flatten_params(values, expected):
-    assert lineage.flatten_params(values) == expected
+    assert params.flatten_params(values) == expected
 
 
 def test_flatten_params_truncates_to_mlflow_limits():
-    flat = lineage.flatten_params({"long": "x" * 10_000, "k" * 300: 1})
+    flat = params.flatten_params({"long": "x" * 10_000, "k" * 300: 1})
     assert len(flat["long"]) == 6000 and flat["long"].endswith("...[truncated]")
     assert max(len(key) for key in flat) == 250
 
@@ -193,7 +197,7 @@ def test_flatten_params_truncates_to_mlflow_limits():
 def test_eval_set_is_logged_as_dataset_input_with_digest(uri):
     runs = lineage.start_pipeline_run(uri)
     run_id = runs.run_id("baseline_eval")
-    digest = lineage.log_eval_set(uri, run_id, "maze256-small-v1")
+    digest = evals.log_eval_set(uri, run_id, "maze256-small-v1")
     run = client_of(uri).get_run(run_id)
     [dataset_input] = run.inputs.dataset_inputs
     tags = {tag.key: tag.value for tag in dataset_input.tags}
@@ -213,7 +217,7 @@ def test_tampered_eval_set_fails_with_the_digest_error(uri, tmp_path):
     tampered.write_text(json.dumps(content))
     runs = lineage.start_pipeline_run(uri)
     with pytest.raises(EvalSetError, match="was edited"):
-        lineage.log_eval_set(uri, runs.run_id("baseline_eval"), tampered)
+        evals.log_eval_set(uri, runs.run_id("baseline_eval"), tampered)
     assert client_of(uri).get_run(runs.run_id("baseline_eval")).inputs.dataset_inputs == []
 
 
@@ -264,7 +268,7 @@ def test_eval_report_metrics_table_and_artifacts(uri, mlflow_root, tmp_path):
     runs = lineage.start_pipeline_run(uri)
     run_id = runs.run_id("baseline_eval")
     # when it is logged
-    metrics = lineage.log_eval_report(uri, run_id, eval_dir)
+    metrics = evals.log_eval_report(uri, run_id, eval_dir)
     # then the headline metrics carry the design's names (avg_moves derived from the rows)
     logged = client_of(uri).get_run(run_id).data.metrics
     assert logged == metrics
@@ -297,5 +301,5 @@ def test_bad_eval_dir_is_refused_before_logging(uri, tmp_path, files, message):
         (tmp_path / name).write_text(text)
     runs = lineage.start_pipeline_run(uri)
     with pytest.raises(EvalReportError, match=message):
-        lineage.log_eval_report(uri, runs.run_id("final_eval"), tmp_path)
+        evals.log_eval_report(uri, runs.run_id("final_eval"), tmp_path)
     assert client_of(uri).get_run(runs.run_id("final_eval")).data.metrics == {}

@@ -14,16 +14,16 @@ import torch
 from mlflow.models import Model
 from mlflow.tracking import MlflowClient
 
+from mazerl.merge.proofs import probe_contexts
 from mazerl.policy.loader import load_policy, load_processor
-from mazerl.tracking import lineage, registry
-from mazerl.tracking.merge import probe_contexts
+from mazerl.tracking import lineage, mlflow_model, registry, store
 from mazerl.tracking.mlflow_model import input_example, write_mlflow_model
 
 
 @pytest.fixture
 def uri(mlflow_root):
     """The store, also as MLflow's current tracking URI: ``models:/`` URIs resolve against it."""
-    uri = lineage.default_tracking_uri(mlflow_root)
+    uri = store.default_tracking_uri(mlflow_root)
     before = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(uri)
     yield uri
@@ -48,10 +48,14 @@ def register(uri, tmp_path, model_dir, max_artifact_mb):
         (merged / "merge_record.json").write_text(json.dumps({"logits_max_abs_diff": 1e-6, "checkpoint_step": 3}))
     # what the merge job writes beside the weights, then what the merge task uploads
     model = write_mlflow_model(
-        merged, tmp_path / "mlflow_model", eval_set="maze256-small-v1", max_artifact_mb=max_artifact_mb
+        merged,
+        tmp_path / "mlflow_model",
+        processor=load_processor(merged),
+        eval_set="maze256-small-v1",
+        max_artifact_mb=max_artifact_mb,
     )
     run_id = lineage.start_pipeline_run(uri).run_id("merge_lora")
-    logged = lineage.log_merged_model(uri, run_id, merged, model)
+    logged = mlflow_model.log_merged_model(uri, run_id, merged, model)
     registry.promote(uri, "maze-vlm", logged.source, run_id, baseline_success=0.1, final_success=0.3)
     return merged, run_id, logged
 

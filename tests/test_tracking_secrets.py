@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from mazerl.tracking import lineage
+from mazerl.tracking import artifacts, evals, lineage, store
 from mazerl.tracking.secrets import REDACTED, SecretLeakError, is_secret_name, redact, scrub_text
 
 # Fake credentials in the shapes the real ones have (none of them is valid anywhere).
@@ -87,7 +87,7 @@ def test_no_secret_reaches_the_store(mlflow_root, tmp_path, monkeypatch):
     # given fake credentials in the environment, in the flow parameters and in the files to log
     for name, value in FAKE_ENV.items():
         monkeypatch.setenv(name, value)
-    uri = lineage.default_tracking_uri(mlflow_root)
+    uri = store.default_tracking_uri(mlflow_root)
     params = {
         "aws": {"access_key_id": FAKE_ENV["AWS_ACCESS_KEY_ID"], "region": "us-west-2"},
         "storage_uri": f"s3://bucket/data?token={FAKE_ENV['AWS_SESSION_TOKEN']}",
@@ -109,8 +109,8 @@ def test_no_secret_reaches_the_store(mlflow_root, tmp_path, monkeypatch):
     runs = lineage.start_pipeline_run(
         uri, tags={"launched_by": f"ci {FAKE_ENV['MLFLOW_TRACKING_TOKEN']}", "api_key": "abc12345678"}, params=params
     )
-    lineage.log_config_file(uri, runs.run_id("train"), config)
-    lineage.log_eval_report(uri, runs.run_id("final_eval"), eval_dir)
+    artifacts.log_config_file(uri, runs.run_id("train"), config)
+    evals.log_eval_report(uri, runs.run_id("final_eval"), eval_dir)
     # then no fake credential is anywhere in the database or the artifact store
     files = store_files(mlflow_root)
     assert any(path.name == "train_config.json" for path in files), "the config should have been logged"
@@ -129,12 +129,12 @@ def test_no_secret_reaches_the_store(mlflow_root, tmp_path, monkeypatch):
 
 def test_directory_with_a_credential_is_refused(mlflow_root, tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", FAKE_ENV["AWS_SECRET_ACCESS_KEY"])
-    uri = lineage.default_tracking_uri(mlflow_root)
+    uri = store.default_tracking_uri(mlflow_root)
     model = tmp_path / "merged"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"note": FAKE_ENV["AWS_SECRET_ACCESS_KEY"]}))
     run_id = lineage.start_pipeline_run(uri).run_id("merge_lora")
     with pytest.raises(SecretLeakError, match=r"AWS_SECRET_ACCESS_KEY") as failure:
-        lineage.log_dir_artifacts(uri, run_id, model, "merged_model")
+        artifacts.log_dir_artifacts(uri, run_id, model, "merged_model")
     assert FAKE_ENV["AWS_SECRET_ACCESS_KEY"] not in str(failure.value), "the error must not print the secret"
     assert not (mlflow_root / "mlartifacts" / run_id / "artifacts" / "merged_model").exists()

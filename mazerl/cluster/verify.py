@@ -20,7 +20,7 @@ The checks:
   is read back by the next), ``storage.free_space`` (free bytes under the data root on every
   node), ``inputs.base_model`` (config, weights, processor, tokenizer readable on a worker),
   ``ray.merge_memory`` (a node whose Ray memory holds the merge job, see
-  :mod:`mazerl.tracking.merge_memory`).
+  :mod:`mazerl.merge.memory`).
 - ``inputs.eval_set``: the eval set loads and its digest verifies (here, in this process).
 - ``hyperpod.*`` when a HyperPod cluster name is given (:mod:`mazerl.cluster.hyperpod`);
   advisory (shown, never blocking) when the SageMaker API cannot be asked from here: no IAM
@@ -352,7 +352,7 @@ def _model_rows(probe: dict) -> list[CheckRow]:
 def _merge_rows(probe: dict) -> list[CheckRow]:
     """The merge job asks Ray for a whole model copy's memory; a cluster where no node has it would
     leave the job pending until Ray gives up, after all the training."""
-    from mazerl.tracking.merge_memory import merge_memory
+    from mazerl.merge.memory import merge_memory
 
     model = probe.get("base_model") or {}
     if not model.get("weights_bytes"):

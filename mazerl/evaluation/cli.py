@@ -14,8 +14,9 @@ import json
 import sys
 from pathlib import Path
 
+from mazerl.starter.record import RECORD_FILE
+
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
-STARTER_RECORD = "starter.json"  # mazerl.policy.starter.RECORD_FILE, without importing torch to read it
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
@@ -83,7 +84,7 @@ def check_eval_flags(args: argparse.Namespace) -> tuple[Path, str, Path]:
     model = Path(args.model).expanduser().resolve()
     eval_set = args.eval_set
     if eval_set is None:
-        record = model / STARTER_RECORD
+        record = model / RECORD_FILE
         eval_set = json.loads(record.read_text())["config"]["eval_set"] if record.is_file() else DEFAULT_EVAL_SET
     if eval_set not in SPECS:
         raise InputError("--eval-set", f"--eval-set {eval_set!r} is unknown; choose one of {sorted(SPECS)}")

@@ -91,14 +91,14 @@ class EvalReport:
 
 def default_history_images(model_dir: Path) -> int | str:
     """How the model expects its context: the starter records it; other models get every frame (the reference)."""
-    from mazerl.policy.starter import recorded_context_mode
+    from mazerl.starter.record import recorded_context_mode
 
     return recorded_context_mode(model_dir)[0]
 
 
 def default_history_text(model_dir: Path) -> int | str:
     """How much past text the model expects: the starter records it; other models get all of it (the reference)."""
-    from mazerl.policy.starter import recorded_context_mode
+    from mazerl.starter.record import recorded_context_mode
 
     return recorded_context_mode(model_dir)[1]
 
@@ -166,9 +166,9 @@ def evaluate(
     model_dir = Path(model_dir).expanduser().resolve()
     _check_arguments(model_dir, engine, workers, gif_count, max_mazes, chunk_size, threads_per_worker, max_new_tokens)
     if adapter is not None:
-        from mazerl.policy.loader import _check_adapter_dir
+        from mazerl.policy.loader import check_adapter_dir
 
-        adapter = _check_adapter_dir(adapter)
+        adapter = check_adapter_dir(adapter)
     mazes = load_eval_set(eval_set)
     count = len(mazes) if max_mazes is None else min(max_mazes, len(mazes))
     history = default_history_images(model_dir) if history_images is None else history_images

@@ -1,1 +1,1 @@
-"""Policy runtime: model loading, prompt rendering, inference engines, the episode runner, the starter model."""
+"""Policy runtime: model loading (and the adapter checks), prompt rendering, inference engines, the episode runner."""

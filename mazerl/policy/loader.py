@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 IMAGE_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
@@ -82,6 +83,7 @@ def _check_model_files(model_dir: Path) -> None:
 
 def check_image_text_to_text(model_dir: Path) -> Any:
     """The directory's config, if it describes an image-text-to-text model (else a ModelLoadError)."""
+    # transformers takes seconds to import: the CLIs' preflight imports this module and may not need it
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
@@ -97,9 +99,9 @@ def check_image_text_to_text(model_dir: Path) -> Any:
     return config
 
 
-def _image_only_processor_class() -> type:
+def image_only_processor_class() -> type:
     """Qwen3VLProcessor without its video processor (which needs torchvision)."""
-    from transformers import Qwen3VLProcessor
+    from transformers import Qwen3VLProcessor  # heavy: imported when a processor is built
 
     class Qwen3VLImageOnlyProcessor(Qwen3VLProcessor):
         """The stock processor, minus video: the attribute list comes from this signature."""
@@ -122,7 +124,7 @@ def _read_chat_template(model_dir: Path, tokenizer: Any) -> str | None:
 
 def load_processor(model_dir: str | os.PathLike) -> Any:
     """The directory's processor (stock where torchvision exists, image-only where it does not)."""
-    from transformers import AutoProcessor, AutoTokenizer, Qwen2VLImageProcessorPil
+    from transformers import AutoProcessor, AutoTokenizer, Qwen2VLImageProcessorPil  # heavy: see above
 
     model_dir = _require_dir(model_dir, "model_dir", "pass a Hugging Face model directory")
     _check_model_files(model_dir)
@@ -141,7 +143,7 @@ def load_processor(model_dir: str | os.PathLike) -> Any:
         # Qwen3-VL's PIL image processor, named directly: it is what AutoImageProcessor(backend="pil") picks
         # for qwen3_vl, and transformers <= 5.16 gates AutoImageProcessor itself behind torchvision.
         image_processor = Qwen2VLImageProcessorPil.from_pretrained(model_dir)
-        processor = _image_only_processor_class()(
+        processor = image_only_processor_class()(
             image_processor, tokenizer, chat_template=_read_chat_template(model_dir, tokenizer)
         )
     if getattr(processor, "chat_template", None) is None:
@@ -152,10 +154,12 @@ def load_processor(model_dir: str | os.PathLike) -> Any:
     return processor
 
 
-def _check_adapter_fits(model: torch.nn.Module, adapter_dir: Path) -> None:
-    """Every LoRA matrix must attach to a module of the base with matching in/out features."""
-    from safetensors import safe_open
+def check_adapter_fits(model: torch.nn.Module, adapter_dir: Path) -> None:
+    """Every LoRA matrix must attach to a module of the base with matching in/out features (else a ModelLoadError).
 
+    Read from the adapter's safetensors header, so a mismatch is named (module, side, sizes)
+    before PEFT attaches anything.
+    """
     modules = dict(model.named_modules())
     with safe_open(str(adapter_dir / "adapter_model.safetensors"), framework="pt") as handle:
         for key in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
@@ -180,7 +184,8 @@ def _check_adapter_fits(model: torch.nn.Module, adapter_dir: Path) -> None:
                 )
 
 
-def _check_adapter_dir(adapter_dir: str | os.PathLike) -> Path:
+def check_adapter_dir(adapter_dir: str | os.PathLike) -> Path:
+    """The adapter directory, resolved, once it holds both PEFT files (else a ModelLoadError)."""
     adapter_dir = _require_dir(adapter_dir, "adapter_dir", "pass the policy/lora_adapter directory of a checkpoint")
     missing = [name for name in ADAPTER_FILES if not (adapter_dir / name).is_file()]
     if missing:
@@ -189,6 +194,34 @@ def _check_adapter_dir(adapter_dir: str | os.PathLike) -> Path:
             f"{' and '.join(ADAPTER_FILES)}"
         )
     return adapter_dir
+
+
+def read_adapter_config(adapter_dir: str | os.PathLike) -> dict[str, Any]:
+    """The adapter's config, checked for what loading, resuming and merging a LoRA adapter need.
+
+    Read before any model loads (PEFT's own error would come after the load, and be obscure);
+    a ModelLoadError names the file and the field.
+    """
+    path = check_adapter_dir(adapter_dir) / "adapter_config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(
+            f"{path} is not valid JSON ({exc}); the adapter is corrupt: use another checkpoint"
+        ) from exc
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{path} holds {type(config).__name__}, not a JSON object; the adapter is corrupt")
+    problems = []
+    if config.get("peft_type") != "LORA":
+        problems.append(f"peft_type is {config.get('peft_type')!r}, not 'LORA'")
+    rank = config.get("r")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        problems.append(f"r is {rank!r}, not a positive integer")
+    if not config.get("target_modules"):
+        problems.append("target_modules is empty")
+    if problems:
+        raise ModelLoadError(f"{path} is not a usable LoRA config: {'; '.join(problems)}")
+    return config
 
 
 def load_policy(
@@ -204,14 +237,14 @@ def load_policy(
     ``merge_adapter`` folds the LoRA weights into the base (faster generation, no PEFT
     wrapper); leave it off to keep the adapter separable.
     """
-    from transformers import AutoModelForImageTextToText
+    from transformers import AutoModelForImageTextToText  # heavy: see check_image_text_to_text
 
     model_dir = _require_dir(
         model_dir, "model_dir", "build the starter with `mazerl build-starter` or pass a Hugging Face model directory"
     )
     _check_model_files(model_dir)
     check_image_text_to_text(model_dir)
-    adapter = _check_adapter_dir(adapter_dir) if adapter_dir is not None else None
+    adapter = check_adapter_dir(adapter_dir) if adapter_dir is not None else None
     device = torch.device(device) if device is not None else default_device()
     if isinstance(dtype, str):
         if not isinstance(getattr(torch, dtype, None), torch.dtype):
@@ -222,9 +255,9 @@ def load_policy(
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype, trust_remote_code=False, **kwargs)
     if adapter is not None:
-        from peft import PeftModel
+        from peft import PeftModel  # heavy, and only for an adapter
 
-        _check_adapter_fits(model, adapter)
+        check_adapter_fits(model, adapter)
         model = PeftModel.from_pretrained(model, str(adapter), is_trainable=False)
         if merge_adapter:
             model = model.merge_and_unload()

@@ -1,1 +1,1 @@
-"""MLflow lineage: resilient metric logging, the stage runs, LoRA merge and promotion."""
+"""MLflow only: the store, the run tree, params, scrubbed artifacts, eval and model logging, metrics, promotion."""

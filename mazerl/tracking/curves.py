@@ -12,11 +12,16 @@ Outputs ``learning_curve.png`` (matplotlib, Agg: no display needed) and
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from mazerl.atomic import write_bytes, write_text
 
 SAMPLED_KEY = "train/success_rate"
 GREEDY_KEY = "eval/success_rate"
@@ -37,8 +42,6 @@ def history_from_mlflow(
     tracking_uri: str, run_id: str, keys: Sequence[str] = (SAMPLED_KEY, GREEDY_KEY)
 ) -> dict[str, Series]:
     """Per-step history of ``keys`` in a run (missing metrics give empty series)."""
-    from mlflow.tracking import MlflowClient
-
     client = MlflowClient(tracking_uri)
     history = {}
     for key in keys:
@@ -129,7 +132,7 @@ def plot_learning_curve(
     """Write ``learning_curve.png`` and ``learning_curve.md`` into ``out_dir``; returns both paths.
 
     The legend names the mazes each series was measured on (``greedy_on``, ``eval_on``)."""
-    import matplotlib
+    import matplotlib  # a second to import: only when a curve is drawn
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
@@ -157,16 +160,10 @@ def plot_learning_curve(
     axes.legend(loc="best", fontsize=8)
     figure.tight_layout()
     png, markdown = out_dir / "learning_curve.png", out_dir / "learning_curve.md"
-    for path, write in (
-        (png, lambda tmp: figure.savefig(tmp, format="png")),
-        (
-            markdown,
-            lambda tmp: tmp.write_text(curve_table(history, baseline, final, greedy_on=greedy_on, eval_on=eval_on)),
-        ),
-    ):
-        tmp = path.with_name(f".{path.name}.tmp")
-        write(tmp)
-        os.replace(tmp, path)
+    image = io.BytesIO()
+    figure.savefig(image, format="png")
+    write_bytes(png, image.getvalue())
+    write_text(markdown, curve_table(history, baseline, final, greedy_on=greedy_on, eval_on=eval_on))
     plt.close(figure)
     return png, markdown
 
@@ -189,8 +186,6 @@ def log_learning_curve(
     otherwise ``train_run_id`` (default: ``run_id``) is read from MLflow. The files land in
     the run's artifacts under ``learning_curve/``.
     """
-    from mlflow.tracking import MlflowClient
-
     if metrics_jsonl is not None:
         history = history_from_jsonl(metrics_jsonl)
     else:

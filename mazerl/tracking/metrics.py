@@ -35,6 +35,8 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 from mlflow.entities import Metric  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
+from mazerl.atomic import write_jsonl  # noqa: E402
+
 
 class MetricsLogger:
     """Append-then-send metric logging for one MLflow run (or only the JSONL file if run_id is None)."""
@@ -90,9 +92,7 @@ class MetricsLogger:
                 seen.add(row["step"])
                 rows.append(row)
         if len(rows) != len(lines):
-            tmp = self.jsonl_path.with_name(self.jsonl_path.name + ".tmp")
-            tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
-            os.replace(tmp, self.jsonl_path)
+            write_jsonl(self.jsonl_path, rows)
         return rows
 
     def _queue_rows_mlflow_lacks(self, rows: list[dict]) -> None:

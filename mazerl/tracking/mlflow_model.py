@@ -17,7 +17,7 @@ as Qwen3-VL decides the layout:
   so it is removed: ``mlflow models serve`` cannot serve this task with MLflow 3.
 
 The model is written where the merged weights are, by the merge's Ray job
-(:func:`write_mlflow_model`, called from ``mazerl.tracking.merge_entry``): saving loads the whole
+(:func:`write_mlflow_model`, called from ``mazerl.merge.job_entry``): saving loads the whole
 model, which a flow-run pod has no memory for. The merge task then only uploads the directory.
 
 ``model/`` also gets the processor files, so it is a complete Hugging Face directory that
@@ -29,12 +29,24 @@ takes ``base_model_path=`` where the shared storage is mounted elsewhere).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlflow.entities import Metric
+from mlflow.models import Model, infer_signature
+
+from envs.evalset import load
+from envs.maze import MazeEnv
+from envs.skyrl_env import image_message
+from mazerl.atomic import install_dir, temporary_sibling
 from mazerl.paths import dir_size_mb
+from mazerl.tracking.artifacts import artifact_uri, check_no_secrets
+from mazerl.tracking.store import client_for
 
 FLAVOR = "transformers"
 TASK = "image-text-to-text"
@@ -44,10 +56,6 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 def input_example(eval_set: str) -> dict[str, Any]:
     """The policy's first turn on maze 0 of ``eval_set``: the task text and the frame as a data URI."""
-    from envs.evalset import load
-    from envs.maze import MazeEnv
-    from envs.skyrl_env import image_message
-
     loaded = load(eval_set)
     layout = loaded.layouts[0]
     env = MazeEnv(size=layout.size, cell_px=loaded.cell_px, max_moves=loaded.max_moves)
@@ -57,7 +65,7 @@ def input_example(eval_set: str) -> dict[str, Any]:
 
 def _model_card(model_dir: Path, record: dict[str, Any]) -> Any:
     """A model card written here: MLflow would otherwise ask the Hugging Face Hub for one."""
-    from huggingface_hub import ModelCard
+    from huggingface_hub import ModelCard  # comes with transformers; loaded only when a model is saved
 
     lines = [
         "---",
@@ -75,24 +83,23 @@ def save_transformers_model(
     model_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
     *,
+    processor: Any,
     eval_set: str,
     keep_weights: bool = True,
     record: dict[str, Any] | None = None,
 ) -> Path:
     """Save the Hugging Face directory ``model_dir`` as an MLflow transformers model in ``out_dir``.
 
-    ``keep_weights=False`` leaves the weights in ``model_dir`` and records that path instead
+    ``processor`` is the directory's own (``mazerl.policy.loader.load_processor``: the PIL image
+    processor where torchvision is missing). ``keep_weights=False`` leaves the weights in ``model_dir`` and records that path instead
     (for models too large to copy into the tracking store). Returns ``out_dir``.
     """
+    # mlflow.transformers, torch and transformers take seconds to import: only the merge job saves a model
     import mlflow.transformers
     import torch
     import transformers
-    from mlflow.models import Model, infer_signature
-
-    from mazerl.policy.loader import load_processor
 
     model_dir, out_dir = Path(model_dir).resolve(), Path(out_dir)
-    processor = load_processor(model_dir)
     pipeline = transformers.pipeline(TASK, model=str(model_dir), processor=processor, dtype="auto")
     example = input_example(eval_set)
     mlflow.transformers.save_model(
@@ -127,6 +134,7 @@ def write_mlflow_model(
     model_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
     *,
+    processor: Any,
     eval_set: str,
     max_artifact_mb: float,
     record: dict[str, Any] | None = None,
@@ -140,13 +148,14 @@ def write_mlflow_model(
     if max_artifact_mb < 0:
         raise ValueError(f"max_artifact_mb={max_artifact_mb} must be >= 0 (0: always log a pointer)")
     out_dir = Path(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    tmp = temporary_sibling(out_dir)
     shutil.rmtree(tmp, ignore_errors=True)
     keep_weights = dir_size_mb(model_dir) <= max_artifact_mb
     try:
-        save_transformers_model(model_dir, tmp, eval_set=eval_set, keep_weights=keep_weights, record=record)
-        shutil.rmtree(out_dir, ignore_errors=True)
-        os.replace(tmp, out_dir)
+        save_transformers_model(
+            model_dir, tmp, processor=processor, eval_set=eval_set, keep_weights=keep_weights, record=record
+        )
+        install_dir(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
@@ -154,16 +163,12 @@ def write_mlflow_model(
 
 def holds_weights(model_path: str | os.PathLike) -> bool:
     """Whether a saved MLflow transformers model carries its weights (False: it points at them)."""
-    from mlflow.models import Model
-
     return not Model.load(str(Path(model_path))).flavors[FLAVOR].get("local_base_model_path")
 
 
 def weights_dir(model_path: str | os.PathLike) -> Path | None:
     """The Hugging Face directory of a saved MLflow transformers model (``model/`` or the external
     weights it names); None if ``model_path`` is not one."""
-    from mlflow.models import Model
-
     model_path = Path(model_path)
     if not (model_path / "MLmodel").is_file():
         return None
@@ -173,3 +178,61 @@ def weights_dir(model_path: str | os.PathLike) -> Path | None:
     if flavor.get("local_base_model_path"):
         return Path(flavor["local_base_model_path"])
     return model_path / flavor.get("model_binary", MODEL_SUBDIR)
+
+
+# --------------------------------------------------------------------------------------
+# Logging it on the merge run
+# --------------------------------------------------------------------------------------
+
+MERGED_MODEL_ARTIFACT = "merged_model"  # an MLflow transformers model (mazerl.tracking.mlflow_model)
+
+
+@dataclass(frozen=True)
+class LoggedModel:
+    """Where the merged model went: ``source`` is the artifact URI to register as a model version."""
+
+    source: str
+    uploaded: bool  # False: the MLflow model names ``local_path`` for its weights instead of holding them
+    local_path: str
+    size_mb: float
+
+
+def log_merged_model(
+    tracking_uri: str,
+    run_id: str,
+    merged_dir: str | os.PathLike,
+    mlflow_model_dir: str | os.PathLike,
+) -> LoggedModel:
+    """Upload the MLflow transformers model the merge job wrote (``mlflow_model_dir``) as ``merged_model/``.
+
+    Nothing is loaded here: the merge job saved the model beside the weights
+    (:func:`mazerl.tracking.mlflow_model.write_mlflow_model`). A model that only points at its
+    weights (above ``max_artifact_mb``) also tags the run with ``mazerl.merged_model_path``.
+    The merge record's proofs are logged as ``merge/*`` metrics.
+    """
+    merged_dir, model_path = Path(merged_dir).resolve(), Path(mlflow_model_dir)
+    if not (merged_dir / "config.json").is_file():
+        raise FileNotFoundError(f"merged_dir={str(merged_dir)!r} is not a model directory (no config.json)")
+    if not (model_path / "MLmodel").is_file():
+        raise FileNotFoundError(f"{model_path} holds no MLflow model (no MLmodel); the merge job writes it")
+    check_no_secrets(merged_dir)
+    client = client_for(tracking_uri)
+    record_path = merged_dir / "merge_record.json"
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    numeric = {
+        f"merge/{key}": float(value)
+        for key, value in record.items()
+        if isinstance(value, int | float) and not isinstance(value, bool) and key != "checkpoint_step"
+    }
+    now_ms = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric(key, value, now_ms, 0) for key, value in numeric.items()])
+    uploaded = holds_weights(model_path)
+    client.log_artifacts(run_id, str(model_path), MERGED_MODEL_ARTIFACT)
+    if not uploaded:
+        client.set_tag(run_id, "mazerl.merged_model_path", str(merged_dir))
+    return LoggedModel(
+        artifact_uri(tracking_uri, run_id, MERGED_MODEL_ARTIFACT),
+        uploaded,
+        str(merged_dir),
+        dir_size_mb(merged_dir),
+    )

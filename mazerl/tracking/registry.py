@@ -15,13 +15,18 @@ instead of registering a duplicate.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import mlflow.artifacts
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+
+from mazerl.tracking.mlflow_model import weights_dir
 
 DEFAULT_REGISTERED_MODEL = "maze-vlm"
 CHAMPION = "champion"
@@ -162,7 +167,9 @@ def promote(
     final = _check_rate("final_success", final_success)
     threshold = _check_rate("threshold", threshold)
     if not model_source:
-        raise RegistryError("model_source is empty; pass the artifact URI of the merged model (lineage.artifact_uri)")
+        raise RegistryError(
+            "model_source is empty; pass the artifact URI of the merged model (mazerl.tracking.artifacts.artifact_uri)"
+        )
     client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
     _ensure_registered_model(client, registered_model)
     version_tags = {
@@ -208,13 +215,6 @@ def model_version_dir(
     to the artifact directory itself; a remote one is downloaded into ``dst_dir`` (a temporary
     directory if None).
     """
-    import json
-    from pathlib import Path
-
-    import mlflow.artifacts
-
-    from mazerl.tracking.mlflow_model import weights_dir
-
     validate_model_name(registered_model)
     client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
     try:

@@ -54,7 +54,7 @@ def ui_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
-    from mazerl.tracking.lineage import client_for, experiment_url
+    from mazerl.tracking.store import client_for, experiment_url  # imports mlflow: seconds, so only here
 
     home = f"http://{args.host}:{args.port}"
     experiment = client_for(paths.mlflow_db_uri(root)).get_experiment_by_name(args.experiment)

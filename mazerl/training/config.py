@@ -314,7 +314,7 @@ class TrainConfig(StrictModel):
 def _world_capacity(eval_set: str) -> int | None:
     """Mazes of the named set's world outside it; None if the set does not load (its own check reports that)."""
     from envs.evalset import EvalSetError, load
-    from mazerl.training.data import world_capacity
+    from envs.pool import world_capacity
 
     try:
         return world_capacity(load(eval_set))

@@ -43,13 +43,14 @@ import numpy as np
 import torch
 
 from envs.evalset import load as load_eval_set
+from envs.pool import training_pool
 from mazerl.fingerprint import model_fingerprint
 from mazerl.policy.prefix_engine import PrefixCachingEngine
 from mazerl.policy.vision_cache import VisionCache
 from mazerl.progress import ProgressMeter
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, save_config
-from mazerl.training.data import epoch_of_step, step_indices, training_pool
+from mazerl.training.data import epoch_of_step, step_indices
 from mazerl.training.grpo import LOSS_REDUCTIONS, clipped_surrogate, group_advantages, k3_kl
 from mazerl.training.scoring import PackedScorer, TurnSample, reply_mask
 
@@ -166,7 +167,7 @@ class LocalGRPOTrainer:
         self.eval_set = load_eval_set(config.eval_set)
         if config.max_turns != self.eval_set.max_moves:
             log(f"note: max_turns={config.max_turns} differs from the eval set's budget {self.eval_set.max_moves}")
-        from mazerl.policy.starter import recorded_context_mode
+        from mazerl.starter.record import recorded_context_mode
 
         recorded = recorded_context_mode(config.base_model)
         if recorded != ("all", "all") and recorded != (config.history_images, config.history_text):
@@ -208,11 +209,11 @@ class LocalGRPOTrainer:
                 f"checkpoint step {latest.step} in {self.config.checkpoint_dir} was trained from another base model "
                 f"({state.get('base_model')}); use the same base_model or a new run_id"
             )
-        from mazerl.tracking.merge import MergeError, read_adapter_config
+        from mazerl.policy.loader import ModelLoadError, read_adapter_config
 
         try:  # before the model is loaded: PEFT's own error would come after it, and be obscure
             read_adapter_config(latest.adapter_dir)
-        except MergeError as exc:
+        except ModelLoadError as exc:
             raise TrainingConfigError(
                 f"the adapter of checkpoint step {latest.step} cannot be resumed: {exc}; restore that checkpoint, "
                 f"or delete {self.config.checkpoint_dir} to train from scratch"

@@ -34,9 +34,9 @@ from typing import Any
 
 from envs.evalset import EvalSet
 from envs.evalset import load as load_eval_set
+from envs.pool import training_pool
 from envs.skyrl_env import ENV_ID
 from mazerl.training.config import TrainConfig
-from mazerl.training.data import training_pool
 
 SCHEMA_PATH = Path(__file__).with_name("skyrl_schema.json")
 TRAIN_DATA_SOURCE = "maze2d-train"

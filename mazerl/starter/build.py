@@ -9,15 +9,16 @@ reads like any Qwen3-VL checkpoint:
 2. an image processor sized for maze frames: 16 px patches, spatial merge 1, so each cell
    of the 7x7 world at 16 px is exactly one image token (49 per frame);
 3. a ``Qwen3VLForConditionalGeneration`` with text 128 x 4 layers and vision 128 x 4;
-4. a warm-start (``mazerl.policy.warmstart``): imitation of the shortest-path solver
+4. a warm-start (:mod:`mazerl.starter.warmstart`): imitation of the shortest-path solver
    through the real processor and chat template, so the starter solves a minority of the
    embedded eval mazes, as the VisGym SFT checkpoint did for the reference run.
 
-The embedded default uses the copy shipped with the package (``mazerl/policy/shipped_starter.py``:
+The embedded default uses the copy shipped with the package (:mod:`mazerl.starter.shipped`:
 the same weights on every machine); ``mazerl build-starter`` rebuilds it (``--ship`` replaces
 the shipped copy), and :func:`ensure_starter` puts it under the data root.
 The directory is built under a temporary name and renamed into place, under a file lock,
-and records its config, learning curve and a weights digest in ``starter.json``.
+and records its config, learning curve and a weights digest in ``starter.json``
+(:mod:`mazerl.starter.record`).
 """
 
 from __future__ import annotations
@@ -26,21 +27,28 @@ import hashlib
 import json
 import os
 import platform
+import random
 import shutil
 import time
 from collections.abc import Callable
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
+from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field
 
 from envs.maze import ACCEPTED_FORMS, DIRECTION_WORDS, MazeEnv, action_text
 from mazerl import paths
-from mazerl.policy.shipped_starter import SHIPPED_NAME, shipped_starter
+from mazerl.atomic import install_dir, temporary_sibling
+from mazerl.policy.loader import image_only_processor_class
+from mazerl.starter.record import RECORD_FILE, StarterError, read_record
+from mazerl.starter.shipped import SHIPPED_NAME, shipped_starter
+from mazerl.starter.warmstart import warm_start as run_warm_start
 
 STARTER_NAME = SHIPPED_NAME  # maze-starter-v2: warm-started with Markov contexts (history_text 1)
-RECORD_FILE = "starter.json"
 SPECIAL_TOKENS = (
     "<|endoftext|>",
     "<|im_start|>",
@@ -65,10 +73,6 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-
-
-class StarterError(ValueError):
-    """A starter directory or build request that cannot be used as asked."""
 
 
 class StarterConfig(BaseModel):
@@ -168,6 +172,7 @@ def build_tokenizer(vocab_size: int) -> Any:
     feedback line, most of the task prompt) into single tokens, which keeps contexts, and
     so the warm-start, rollouts and GRPO, about half as long as word-level tokens would.
     """
+    # tokenizers and transformers load only for a build (the pipeline imports this module to copy the starter)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -192,7 +197,7 @@ def build_tokenizer(vocab_size: int) -> Any:
 
 def build_image_processor(config: StarterConfig) -> Any:
     """Qwen2-VL image processing (PIL backend) with one patch per maze cell and no merging."""
-    from transformers import Qwen2VLImageProcessorPil
+    from transformers import Qwen2VLImageProcessorPil  # heavy: only for a build
 
     return Qwen2VLImageProcessorPil(
         patch_size=config.patch_size,
@@ -224,7 +229,7 @@ def video_processor_config(config: StarterConfig) -> dict[str, Any]:
 
 
 def model_config(config: StarterConfig, tokenizer: Any) -> Any:
-    from transformers import Qwen3VLConfig
+    from transformers import Qwen3VLConfig  # heavy: only for a build
 
     head_dim = config.text_hidden // config.text_heads
     if head_dim != 32:
@@ -271,9 +276,7 @@ def model_config(config: StarterConfig, tokenizer: Any) -> Any:
 
 
 def image_only_processor(tokenizer: Any, image_processor: Any) -> Any:
-    from mazerl.policy.loader import _image_only_processor_class
-
-    return _image_only_processor_class()(image_processor, tokenizer, chat_template=CHAT_TEMPLATE)
+    return image_only_processor_class()(image_processor, tokenizer, chat_template=CHAT_TEMPLATE)
 
 
 def save_processor(directory: Path, tokenizer: Any, image_processor: Any, config: StarterConfig) -> None:
@@ -302,10 +305,6 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 def set_determinism(seed: int, threads: int) -> None:
     """Same seed and thread count on the same machine -> same weights, bit for bit."""
-    import random
-
-    import numpy as np
-
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     random.seed(seed)
@@ -328,7 +327,7 @@ def build_starter(
     ``on_checkpoint(model, processor, step, epoch)`` may measure the model ``checkpoints``
     times during the warm-start and at its end (benchmarks use it for the learning curve).
     """
-    from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
+    from transformers import GenerationConfig, Qwen3VLForConditionalGeneration  # heavy: only for a build
 
     config = config or StarterConfig()
     out_dir = Path(out_dir).expanduser().resolve()
@@ -337,7 +336,7 @@ def build_starter(
     started = time.perf_counter()
     previous_threads = torch.get_num_threads()
     previous_deterministic = torch.are_deterministic_algorithms_enabled()
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    tmp = temporary_sibling(out_dir)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
@@ -350,8 +349,6 @@ def build_starter(
         log(f"starter: {parameters / 1e6:.2f} M parameters, vocab {len(tokenizer)}, seed {config.seed}")
         record: dict[str, Any] = {}
         if warm_start:
-            from mazerl.policy.warmstart import warm_start as run_warm_start
-
             measure = None
             if on_checkpoint is not None:
 
@@ -385,7 +382,7 @@ def build_starter(
             **record,
         }
         (tmp / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
-        os.replace(tmp, out_dir)
+        install_dir(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         torch.use_deterministic_algorithms(previous_deterministic)
@@ -395,31 +392,7 @@ def build_starter(
 
 
 def _version(package: str) -> str:
-    from importlib.metadata import version
-
     return version(package)
-
-
-def read_record(model_dir: str | os.PathLike) -> dict[str, Any]:
-    """The build record of a starter directory."""
-    path = Path(model_dir) / RECORD_FILE
-    if not path.is_file():
-        raise StarterError(
-            f"{model_dir} has no {RECORD_FILE}: it is not a complete starter build; delete it and rebuild"
-        )
-    return json.loads(path.read_text())
-
-
-def recorded_context_mode(model_dir: str | os.PathLike) -> tuple[int | str, int | str]:
-    """(history_images, history_text) a starter was warm-started with; ("all", "all") for other models.
-
-    Records written before ``history_text`` existed kept the whole text history.
-    """
-    path = Path(model_dir) / RECORD_FILE
-    if not path.is_file():
-        return "all", "all"
-    config = json.loads(path.read_text())["config"]
-    return config.get("history_images", "all"), config.get("history_text", "all")
 
 
 def starter_dir(root: str | os.PathLike | None = None) -> Path:
@@ -434,13 +407,11 @@ def ensure_starter(
     """The starter under ``<data root>/models/maze-starter-v2``, put there first if missing.
 
     With the default config it is copied from the shipped, digest-checked data
-    (:mod:`mazerl.policy.shipped_starter`), so every machine gets the same weights; any other
+    (:mod:`mazerl.starter.shipped`), so every machine gets the same weights; any other
     config is built. Concurrent callers (pipeline runs, test workers) wait on a file lock;
     exactly one copies or builds. A directory made with a different config is refused, never
     silently reused.
     """
-    from filelock import FileLock
-
     config = config or StarterConfig()
     target = starter_dir(root)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -448,10 +419,10 @@ def ensure_starter(
         if not target.exists() and config == StarterConfig():
             source = shipped_starter()
             log(f"starter: copying the shipped {source.name} to {target}")
-            tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+            tmp = temporary_sibling(target)
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.copytree(source, tmp)
-            os.replace(tmp, target)
+            install_dir(tmp, target)
         elif not target.exists():
             log(f"starter: {target} is missing; building it (about 3 minutes on 2 cores)")
             build_starter(target, config, log=log)

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from envs.evalset import EvalSet
 from envs.evalset import load as load_eval_set
 from envs.maze import DIRECTIONS, Layout, MazeEnv, action_text, solve_actions
+from envs.pool import training_pool
 from mazerl.policy.chat import Conversation, end_of_turn_id, image_token_id, model_inputs, render
 from mazerl.progress import ProgressMeter
 
@@ -57,8 +58,6 @@ class State:
 
 def training_mazes(eval_set: EvalSet, which: str) -> list[Layout]:
     """The warm-start's mazes: the GRPO training pool (every maze outside the eval set), plus the eval set for 'all'."""
-    from mazerl.training.data import training_pool
-
     world = _world_size(eval_set)
     pool = [layout for _, layout in training_pool(eval_set, world - len(eval_set))]
     return pool + list(eval_set.layouts) if which == "all" else pool

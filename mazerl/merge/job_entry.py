@@ -1,11 +1,11 @@
-"""Ray-job entrypoint of the merge stage: ``python -m mazerl.tracking.merge_entry --config REQUEST``.
+"""Ray-job entrypoint of the merge stage: ``python -m mazerl.merge.job_entry --config REQUEST``.
 
 The merge needs a whole copy of the base model in memory (about 23 GiB for Qwen3-VL-8B in
-bfloat16, :mod:`mazerl.tracking.merge_memory`), which a flow-run pod does not have. So the
+bfloat16, :mod:`mazerl.merge.memory`), which a flow-run pod does not have. So the
 orchestrator writes the request (JSON: ``base_model``, ``checkpoints_dir``, ``out_dir``,
 ``probe_eval_set``, ``mlflow_model_dir``, ``max_artifact_mb``) and submits this module as a Ray job asking Ray for that much memory; Ray
 starts it on a node that has it (the head or a GPU worker on HyperPod). Here, before loading
-anything, the node's real free memory is checked again, then :func:`~mazerl.tracking.merge.merge_lora`
+anything, the node's real free memory is checked again, then :func:`~mazerl.merge.lora.merge_lora`
 merges, proves and writes ``<out_dir>`` with its ``merge_record.json``, then
 saves it as an MLflow transformers model in ``<mlflow_model_dir>`` (that also loads the whole
 model), which the merge task only uploads.
@@ -24,6 +24,11 @@ import socket
 import sys
 import traceback
 
+from mazerl.merge.lora import MergeError, merge_lora
+from mazerl.merge.memory import MergeMemoryError
+from mazerl.policy.loader import load_processor
+from mazerl.tracking.mlflow_model import write_mlflow_model
+
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG_ERROR = 0, 1, 2
 REQUEST_KEYS = ("base_model", "checkpoints_dir", "out_dir", "probe_eval_set", "mlflow_model_dir", "max_artifact_mb")
 
@@ -32,10 +37,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="merge request (JSON with " + ", ".join(REQUEST_KEYS) + ")")
     args = parser.parse_args(argv)
-
-    from mazerl.tracking.merge import MergeError, merge_lora
-    from mazerl.tracking.merge_memory import MergeMemoryError
-    from mazerl.tracking.mlflow_model import write_mlflow_model
 
     try:
         with open(args.config) as handle:
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         write_mlflow_model(
             report.merged_dir,
             request["mlflow_model_dir"],
+            processor=load_processor(report.merged_dir),
             eval_set=request["probe_eval_set"],
             max_artifact_mb=float(request["max_artifact_mb"]),
             record=dataclasses.asdict(report),

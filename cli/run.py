@@ -17,10 +17,16 @@ import argparse
 import json
 import os
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from mazerl import paths
+from mazerl.cluster.ray_local import check_temp_dir, find_local_head, local_ray_head
+from mazerl.params import PRESETS, PipelineParams
+from mazerl.preflight import check_pipeline_inputs, check_ray_address
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
@@ -46,8 +52,6 @@ def configure_prefect(root: Path) -> None:
 
 
 def add_run_command(subparsers: argparse._SubParsersAction) -> None:
-    from mazerl.params import PRESETS
-
     run = subparsers.add_parser("run", help="run the whole pipeline (embedded default: this machine, CPU)")
     run.add_argument(
         "--preset",
@@ -98,10 +102,8 @@ def read_params_file(path: str) -> dict[str, Any]:
     return json_object(text, what, '{"base_model": "/models/qwen3-vl", "training": {"steps": 40}}')
 
 
-def build_params(args: argparse.Namespace):
+def build_params(args: argparse.Namespace) -> PipelineParams:
     """The flags and the parameters file as one ``PipelineParams`` (flags win); raises ValueError subclasses."""
-    from mazerl.params import PipelineParams
-
     values = read_params_file(args.params) if args.params else {}
     flags = {
         "preset": args.preset,
@@ -127,8 +129,6 @@ def build_params(args: argparse.Namespace):
 
 def describe(exc: Exception) -> str:
     """One line per problem: ``field: what is wrong and the fix`` (pydantic's own text without its noise)."""
-    from pydantic import ValidationError
-
     if not isinstance(exc, ValidationError):
         return str(exc)
     lines = []
@@ -139,11 +139,8 @@ def describe(exc: Exception) -> str:
     return "\n".join(lines)
 
 
-def check_run_inputs(params) -> None:
+def check_run_inputs(params: PipelineParams) -> None:
     """Everything ``mazerl run`` can check in about a second, before it starts or writes anything."""
-    from mazerl.cluster.ray_local import check_temp_dir
-    from mazerl.preflight import check_pipeline_inputs, check_ray_address
-
     check_pipeline_inputs(params)
     if params.ray_address is None:
         check_temp_dir()  # the embedded head's (TMPDIR too long, or a directory others can write)
@@ -161,14 +158,10 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"error: {describe(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     configure_prefect(root)
-
-    from contextlib import nullcontext
-
-    from mazerl.cluster.ray_local import local_ray_head
-
     with local_ray_head() if params.ray_address is None else nullcontext() as head:
         if head is not None:
             print(f"local Ray head at {head.address} ({'started' if head.started_here else 'reused'})", flush=True)
+        # Prefect, torch and MLflow take seconds to import: only once every input is known to be good
         from flows.pipeline import pipeline
 
         try:
@@ -196,8 +189,6 @@ def closing_hints(tracking_uri: str, root: Path, *, embedded_head: bool) -> str:
     else:
         lines = [f"Look at it: {paths.venv_command('mlflow')} ui --backend-store-uri {tracking_uri}"]
     if embedded_head:
-        from mazerl.cluster.ray_local import find_local_head
-
         head = find_local_head()
         if head is None:
             lines.append("The embedded Ray head is stopped (no other run uses it).")

@@ -5,10 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cli.run import add_run_command
+from envs.maze import MazeEnv, solve
+from mazerl.cluster.ray_cli import add_ray_command
+from mazerl.evaluation.cli import add_eval_command
+from mazerl.starter.cli import add_build_starter_command
+from mazerl.tracking.ui_cli import add_ui_command
+
 
 def _demo(args: argparse.Namespace) -> int:
-    from envs.maze import MazeEnv, solve
-
     env = MazeEnv(size=args.size, max_moves=50)
     env.reset(seed=args.seed)
     print(env.render_text(), "\n")
@@ -27,12 +32,6 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--size", type=int, default=9)
     demo.set_defaults(func=_demo)
-    from flows.cli import add_run_command  # the orchestration layer (Prefect) is imported only when run
-    from mazerl.cluster.ray_cli import add_ray_command
-    from mazerl.evaluation.cli import add_eval_command
-    from mazerl.policy.starter_cli import add_build_starter_command
-    from mazerl.tracking.ui_cli import add_ui_command
-
     add_run_command(sub)
     add_build_starter_command(sub)
     add_eval_command(sub)

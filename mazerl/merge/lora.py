@@ -22,9 +22,9 @@ the base model's config names; bfloat16 for Qwen3-VL releases, float32 for the s
 that dtype's tolerances, and the directory is saved in it too (``save_dtype``): bf16 weights
 stay bf16, and an 8B model needs one 16 GiB copy in memory rather than a 32 GiB float32 one.
 Memory: that copy, one save shard of at most 5 GB, and the overhead of
-:mod:`mazerl.tracking.merge_memory`, checked against what the machine has *before* loading;
+:mod:`mazerl.merge.memory`, checked against what the machine has *before* loading;
 the reload happens after the copy is freed. In the pipeline the merge runs as a Ray job
-(:mod:`mazerl.tracking.merge_entry`) on a node with that memory, not in the flow-run pod.
+(:mod:`mazerl.merge.job_entry`) on a node with that memory, not in the flow-run pod.
 
 The adapter is the one the checkpoint marker names (:func:`merge_lora`); an explicit
 adapter directory can be merged with :func:`merge_adapter`. Output is built in a temporary
@@ -45,27 +45,35 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from envs.evalset import EMBEDDED_EVAL_SET
+from mazerl.atomic import install_dir, temporary_sibling
 from mazerl.fingerprint import mismatch, model_fingerprint
+from mazerl.merge.memory import SAVE_SHARD, check_merge_memory, merge_memory, weights_bytes
+from mazerl.merge.proofs import (
+    MergeError,
+    check_weights,
+    lora_probes,
+    max_abs,
+    probe_contexts,
+    probe_logits,
+    tensor_digests,
+)
 from mazerl.paths import dir_size_mb
-from mazerl.tracking.merge_memory import SAVE_SHARD, check_merge_memory, merge_memory, weights_bytes
+from mazerl.policy.chat import model_inputs
+from mazerl.policy.loader import ModelLoadError, check_adapter_fits, load_policy, read_adapter_config
+from mazerl.starter.build import weights_digest
+from mazerl.starter.record import RECORD_FILE
 from mazerl.training import checkpoints
 
 MERGE_RECORD = "merge_record.json"
 # Files of the base directory that the merged one must not inherit verbatim: weights
 # (rewritten) and the starter's build record (rewritten by _carry_starter_record).
 _NOT_COPIED_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
-_NOT_COPIED_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json", "starter.json", MERGE_RECORD)
-STARTER_RECORD = "starter.json"
+_NOT_COPIED_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json", RECORD_FILE, MERGE_RECORD)
 # Default logits tolerance (atol, rtol of max |logits|) by the dtype the comparison runs in.
 TOLERANCES = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (5e-2, 2e-2), torch.float16: (2e-2, 1e-2)}
-
-
-class MergeError(RuntimeError):
-    """The adapter cannot be merged, or the merged model failed one of its proofs."""
 
 
 @dataclass(frozen=True)
@@ -149,33 +157,6 @@ def resolve_adapter(checkpoints_dir: str | os.PathLike) -> tuple[Path, int, dict
     return checkpoint.adapter_dir, checkpoint.step, state
 
 
-def read_adapter_config(adapter_dir: Path) -> dict[str, Any]:
-    """The adapter's config, checked for what a LoRA merge needs (else a MergeError naming the field)."""
-    path = adapter_dir / "adapter_config.json"
-    if not adapter_dir.is_dir():
-        raise MergeError(f"adapter_dir={str(adapter_dir)!r} does not exist; pass a checkpoint's policy/lora_adapter")
-    for required in ("adapter_config.json", "adapter_model.safetensors"):
-        if not (adapter_dir / required).is_file():
-            raise MergeError(f"adapter_dir={str(adapter_dir)!r} lacks {required}; it is not a complete PEFT adapter")
-    try:
-        config = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise MergeError(f"{path} is not valid JSON ({exc}); the adapter is corrupt: use another checkpoint") from exc
-    if not isinstance(config, dict):
-        raise MergeError(f"{path} holds {type(config).__name__}, not a JSON object; the adapter is corrupt")
-    problems = []
-    if config.get("peft_type") != "LORA":
-        problems.append(f"peft_type is {config.get('peft_type')!r}, not 'LORA'")
-    rank = config.get("r")
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        problems.append(f"r is {rank!r}, not a positive integer")
-    if not config.get("target_modules"):
-        problems.append("target_modules is empty")
-    if problems:
-        raise MergeError(f"{path} is not a usable LoRA config: {'; '.join(problems)}")
-    return config
-
-
 def _sha256_files(paths: list[Path]) -> str:
     digest = hashlib.sha256()
     for path in paths:
@@ -187,132 +168,6 @@ def _sha256_files(paths: list[Path]) -> str:
 
 def adapter_digest(adapter_dir: Path) -> str:
     return _sha256_files([adapter_dir / "adapter_config.json", adapter_dir / "adapter_model.safetensors"])
-
-
-# --------------------------------------------------------------------------------------
-# Probe batch and logits
-# --------------------------------------------------------------------------------------
-
-
-def probe_contexts(processor: Any, eval_set: str = EMBEDDED_EVAL_SET) -> tuple[list[list[int]], list[list[np.ndarray]]]:
-    """Two real maze contexts: maze 0's first turn, and maze 1's second turn after one move."""
-    from envs import evalset
-    from envs.maze import MazeEnv, action_text
-    from mazerl.policy.chat import Conversation, end_of_turn_id, render
-
-    loaded = evalset.load(eval_set)
-    env = MazeEnv(size=loaded.size, max_moves=loaded.max_moves, cell_px=loaded.cell_px)
-    frame, _ = env.reset(layout=loaded.layouts[0])
-    first = Conversation.start(env.prompt(), frame)
-    frame, _ = env.reset(layout=loaded.layouts[1 % len(loaded)])
-    second = Conversation.start(env.prompt(), frame)
-    reply = action_text(3)
-    reply_ids = processor.tokenizer(reply, add_special_tokens=False)["input_ids"] + [end_of_turn_id(processor)]
-    second.add_reply(reply_ids, reply)
-    frame, _, _, _, info = env.step(reply)
-    second.add_observation(info["feedback"], frame)
-    contexts = [render(processor, conversation, history_images="all") for conversation in (first, second)]
-    return [ids for ids, _ in contexts], [images for _, images in contexts]
-
-
-@torch.no_grad()
-def probe_logits(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Float32 logits at the attended positions of the probe batch, flattened to (tokens, vocab) on CPU."""
-    device = next(model.parameters()).device
-    batch = {key: value.to(device) for key, value in inputs.items()}
-    logits = model(**batch).logits  # (B, T, V)
-    return logits[batch["attention_mask"].bool()].float().cpu()
-
-
-def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max())
-
-
-# --------------------------------------------------------------------------------------
-# Weight proof
-# --------------------------------------------------------------------------------------
-
-
-def tensor_digests(model: torch.nn.Module) -> dict[str, str]:
-    """Per-tensor digest of the state dict, so "unchanged" means bit-identical without keeping a copy."""
-    digests = {}
-    for name, tensor in model.state_dict().items():
-        data = tensor.detach().contiguous().cpu()
-        digests[name] = hashlib.blake2b(data.view(torch.uint8).numpy().tobytes(), digest_size=16).hexdigest()
-    return digests
-
-
-@dataclass
-class _LoraProbe:
-    weight_key: str  # the merged model's state-dict key of the adapted weight
-    vector: torch.Tensor  # (in,)
-    base_proj: torch.Tensor  # W_base @ v, (out,)
-    delta_proj: torch.Tensor  # delta @ v, (out,)
-    nonzero: bool  # the merge changes the weight (a non-zero delta that survives the dtype's rounding)
-
-
-def lora_probes(peft_model: torch.nn.Module, seed: int = 0) -> list[_LoraProbe]:
-    """For every LoRA-adapted linear layer: W_base v and delta v on a seeded random v."""
-    from peft.tuners.lora import LoraLayer
-
-    generator = torch.Generator().manual_seed(seed)
-    probes = []
-    for name, module in peft_model.named_modules():
-        if not isinstance(module, LoraLayer) or not module.active_adapters:
-            continue
-        adapter = module.active_adapters[0]
-        base = module.get_base_layer()
-        if adapter not in getattr(module, "lora_A", {}) or not hasattr(base, "weight"):
-            raise MergeError(f"module {name} carries an adapter type the merge proof does not know ({type(base)})")
-        weight = base.weight  # (out, in)
-        delta = module.get_delta_weight(adapter).to(weight.dtype)  # (out, in), scale * B @ A
-        vector = torch.randn(weight.shape[1], generator=generator).to(weight.device, weight.dtype)
-        key = name.removeprefix("base_model.model.") + ".weight"
-        # Does the merge change this weight at all? PEFT adds the delta in the weight's dtype, so in
-        # bfloat16 a delta below the weight's rounding leaves it bit-identical, as it should.
-        moves = bool((weight + delta != weight).any())
-        probes.append(_LoraProbe(key, vector, (weight @ vector).cpu(), (delta @ vector).cpu(), moves))
-    if not probes:
-        raise MergeError("the adapter attached to no module of the base model; it was trained for another model")
-    return probes
-
-
-def check_weights(
-    merged: torch.nn.Module, before: dict[str, str], probes: list[_LoraProbe], atol: float, rtol: float
-) -> tuple[int, int, float]:
-    """(changed tensors, unchanged tensors, max delta error); MergeError when any tensor changed wrongly."""
-    after = tensor_digests(merged)
-    if set(after) != set(before):
-        extra, missing = sorted(set(after) - set(before)), sorted(set(before) - set(after))
-        raise MergeError(
-            f"the merged model's tensors differ from the base's by name (new {extra[:5]}, missing {missing[:5]}); "
-            "merge_and_unload left adapter modules behind or dropped weights"
-        )
-    changed = {name for name in after if after[name] != before[name]}
-    expected = {probe.weight_key for probe in probes if probe.nonzero}
-    unexpected, unchanged = sorted(changed - expected), sorted(expected - changed)
-    if unexpected:
-        raise MergeError(f"the merge changed tensors that LoRA does not adapt: {unexpected[:10]}")
-    if unchanged:
-        raise MergeError(
-            f"the merge left adapted weights unchanged although their LoRA delta is non-zero: {unchanged[:10]} "
-            "(a delta too small for the weight's dtype, or the adapter was not applied)"
-        )
-    state = merged.state_dict()
-    worst = 0.0
-    for probe in probes:
-        weight = state[probe.weight_key]
-        merged_proj = (weight @ probe.vector.to(weight.device, weight.dtype)).cpu()
-        expected_proj = probe.base_proj + probe.delta_proj
-        error = _max_abs(merged_proj, expected_proj)
-        limit = atol + rtol * float(expected_proj.abs().max())
-        if error > limit:
-            raise MergeError(
-                f"{probe.weight_key}: W_merged v differs from W_base v + delta v by {error:.3e} (> {limit:.3e}); "
-                "the merged weight is not base + scale * B @ A"
-            )
-        worst = max(worst, error)
-    return len(changed), len(after) - len(changed), worst
 
 
 # --------------------------------------------------------------------------------------
@@ -368,27 +223,14 @@ def _carry_starter_record(base_dir: Path, target: Path, merged: torch.nn.Module,
     The base's digest moves to ``base_weights_sha256`` and ``merged`` says where the
     weights came from, so the record stays true of the directory it is in.
     """
-    source = base_dir / STARTER_RECORD
+    source = base_dir / RECORD_FILE
     if not source.is_file():
         return
-    from mazerl.policy.starter import weights_digest
-
     record = json.loads(source.read_text())
     record["base_weights_sha256"] = record.get("weights_sha256")
     record["weights_sha256"] = weights_digest(merged)
     record["merged"] = merge_info
-    (target / STARTER_RECORD).write_text(json.dumps(record, indent=2) + "\n")
-
-
-def _install(tmp: Path, out_dir: Path) -> None:
-    """Rename the finished directory into place, replacing an older merge only after the new one is complete."""
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-        os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out_dir)
+    (target / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
 def merge_adapter(
@@ -413,12 +255,9 @@ def merge_adapter(
     other than the one the adapter was trained on. ``proof_dtype``/``save_dtype`` None: the base
     model's stored dtype. ``atol``/``rtol`` default to :data:`TOLERANCES` for ``proof_dtype``.
     ``available_memory`` (bytes, source) None: measured here; a merge that would not fit is
-    refused with :class:`~mazerl.tracking.merge_memory.MergeMemoryError` before loading.
+    refused with :class:`~mazerl.merge.memory.MergeMemoryError` before loading.
     """
-    from peft import PeftModel
-
-    from mazerl.policy.chat import model_inputs
-    from mazerl.policy.loader import ModelLoadError, _check_adapter_fits, load_policy
+    from peft import PeftModel  # loads transformers: only when a merge runs, not when the flow imports MergeReport
 
     started = time.perf_counter()
     base_dir, adapter_dir, out_dir = (
@@ -427,7 +266,10 @@ def merge_adapter(
         Path(out_dir).resolve(),
     )
     origin = f" (checkpoint step {checkpoint_step})" if checkpoint_step is not None else ""
-    read_adapter_config(adapter_dir)
+    try:
+        read_adapter_config(adapter_dir)
+    except ModelLoadError as exc:
+        raise MergeError(str(exc)) from exc
     if not base_dir.is_dir():
         raise MergeError(f"base_model_dir={str(base_dir)!r} does not exist; pass the model the adapter was trained on")
     base_fingerprint = model_fingerprint(base_dir)
@@ -452,7 +294,7 @@ def merge_adapter(
     # 1. base model, probe batch, base logits, per-tensor digests
     try:
         policy = load_policy(base_dir, device=device, dtype=proof)
-        _check_adapter_fits(policy.model, adapter_dir)
+        check_adapter_fits(policy.model, adapter_dir)
     except ModelLoadError as exc:
         raise MergeError(f"cannot merge adapter {adapter_dir}{origin} into {base_dir}: {exc}") from exc
     ids, images = probe_contexts(policy.processor, probe_eval_set)
@@ -468,13 +310,13 @@ def merge_adapter(
         raise MergeError(f"adapter {adapter_dir}{origin} does not load onto {base_dir}: {exc}") from exc
     probes = lora_probes(peft_model)
     adapter_logits = probe_logits(peft_model, inputs)
-    adapter_effect = _max_abs(adapter_logits, base_logits)
+    adapter_effect = max_abs(adapter_logits, base_logits)
 
     # 3. merge and prove weights + logits
     merged = peft_model.merge_and_unload()
     changed, unchanged, delta_error = check_weights(merged, before, probes, atol, rtol)
     merged_logits = probe_logits(merged, inputs)
-    logits_diff = _max_abs(merged_logits, adapter_logits)
+    logits_diff = max_abs(merged_logits, adapter_logits)
     logits_tol = atol + rtol * float(adapter_logits.abs().max())
     if logits_diff > logits_tol:
         raise MergeError(
@@ -492,7 +334,7 @@ def merge_adapter(
 
     # 4. save to a temporary sibling, reload with the standard loader, compare, install
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    tmp = temporary_sibling(out_dir)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
@@ -513,7 +355,7 @@ def merge_adapter(
         reload_logits = probe_logits(reloaded.model, inputs)
         del reloaded
         gc.collect()
-        reload_diff = _max_abs(reload_logits, merged_logits)
+        reload_diff = max_abs(reload_logits, merged_logits)
         if target_dtype == proof:
             reload_tol = atol + rtol * float(merged_logits.abs().max())
         else:  # rounding the merged weights to the save dtype is allowed for
@@ -548,7 +390,7 @@ def merge_adapter(
             seconds=round(time.perf_counter() - started, 2),
         )
         (tmp / MERGE_RECORD).write_text(json.dumps(asdict(report), indent=2) + "\n")
-        _install(tmp, out_dir)
+        install_dir(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"merge: {report.summary()}")

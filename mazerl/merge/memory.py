@@ -1,6 +1,6 @@
 """How much memory a LoRA merge needs, and whether the machine it runs on has it.
 
-The merge (:mod:`mazerl.tracking.merge`) holds one copy of the base model in the checkpoint's own
+The merge (:mod:`mazerl.merge.lora`) holds one copy of the base model in the checkpoint's own
 dtype, merges the adapter into it in place, and writes it out in shards of at most
 :data:`SAVE_SHARD_BYTES` (safetensors serialises a shard in memory before writing it). So::
 
@@ -23,6 +23,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil  # a Ray dependency
 
 GIB = 1024**3
 SAVE_SHARD_BYTES = 5 * GIB  # the merged model is saved in shards of at most this size ("5GB" releases)
@@ -67,8 +69,6 @@ def merge_memory(weights: int) -> MemoryNeed:
 
 def available_memory() -> tuple[int, str]:
     """(bytes this process can still get, where the limit comes from)."""
-    import psutil  # a Ray dependency
-
     host = psutil.virtual_memory().available
     cgroup = _cgroup_room()
     if cgroup is not None and cgroup[0] < host:

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
+
+from mazerl.atomic import install_dir
+from mazerl.preflight import InputError, check_data_root
+from mazerl.starter.shipped import SHIPPED_DIR, directory_digest
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
 MAX_SEED = 2**32 - 1  # numpy's legacy seeding, used by the build, takes 0 .. 2**32 - 1
@@ -23,7 +28,7 @@ def add_build_starter_command(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--ship",
         action="store_true",
-        help="replace the starter shipped with the package (mazerl/policy/starter_data) and print its digest to pin",
+        help="replace the starter shipped with the package (mazerl/starter/data) and print its digest to pin",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of initialisation and data order (default 0)")
     parser.add_argument("--data-root", default=None, help="data root (default $MAZERL_HOME or ./.mazerl)")
@@ -32,14 +37,12 @@ def add_build_starter_command(subparsers: argparse._SubParsersAction) -> None:
 
 def check_build_flags(args: argparse.Namespace) -> Path:
     """The directory to build into, once the flags are known to work; raises InputError naming the flag."""
-    from mazerl.preflight import InputError, check_data_root
-
     if not 0 <= args.seed <= MAX_SEED:
         raise InputError("--seed", f"--seed {args.seed} must be between 0 and {MAX_SEED}")
     if args.out is not None:
         out = Path(args.out).expanduser().resolve()
     else:
-        from mazerl.policy.starter import starter_dir  # imports torch: only when it is needed
+        from mazerl.starter.build import starter_dir  # imports torch: only when it is needed
 
         out = starter_dir(args.data_root)
     if out.exists():
@@ -49,14 +52,12 @@ def check_build_flags(args: argparse.Namespace) -> Path:
 
 
 def run_build_starter_command(args: argparse.Namespace) -> int:
-    from mazerl.preflight import InputError
-
     try:
         out = None if args.ship else check_build_flags(args)  # --ship builds into the package, not --out
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from mazerl.policy.starter import StarterConfig, build_starter
+    from mazerl.starter.build import StarterConfig, build_starter  # torch: once the flags are known to work
 
     config = StarterConfig.reduced_build(args.seed) if args.reduced else StarterConfig(seed=args.seed)
     if args.ship:
@@ -67,25 +68,16 @@ def run_build_starter_command(args: argparse.Namespace) -> int:
 
 def ship(config) -> int:
     """Build into a temporary directory, then swap it in for the shipped copy and print the digest to pin."""
-    import os
-    import shutil
-    import tempfile
-
-    from mazerl.policy.shipped_starter import SHIPPED_DIR, directory_digest
-    from mazerl.policy.starter import StarterConfig, build_starter
+    from mazerl.starter.build import StarterConfig, build_starter  # torch: only for a build
 
     if config != StarterConfig():
         print("error: --ship ships the default config only (no --reduced, --seed 0)", file=sys.stderr)
         return EXIT_BAD_INPUT
     with tempfile.TemporaryDirectory(dir=SHIPPED_DIR.parent.parent) as tmp:
         built = build_starter(Path(tmp) / SHIPPED_DIR.name, config, log=lambda line: print(line, flush=True))
-        old = SHIPPED_DIR.with_name(SHIPPED_DIR.name + ".old")
         SHIPPED_DIR.parent.mkdir(parents=True, exist_ok=True)
-        if SHIPPED_DIR.exists():
-            os.replace(SHIPPED_DIR, old)
-        os.replace(built, SHIPPED_DIR)
-        shutil.rmtree(old, ignore_errors=True)
+        install_dir(built, SHIPPED_DIR)
     print(
-        f'shipped {SHIPPED_DIR}; pin it in mazerl/policy/shipped_starter.py: SHIPPED_DIGEST = "{directory_digest(SHIPPED_DIR)}"'
+        f'shipped {SHIPPED_DIR}; pin it in mazerl/starter/shipped.py: SHIPPED_DIGEST = "{directory_digest(SHIPPED_DIR)}"'
     )
     return EXIT_OK

@@ -4,7 +4,7 @@ The same seed builds different starter weights on different CPUs (kernels round
 differently, and 431 warm-start steps compound it: one machine's build solved 44.1% of the
 held-out mazes, another's 38.7%), so a README number could not be what a newcomer gets.
 The embedded default therefore does not rebuild the starter: ``mazerl build-starter --ship``
-built it once, into ``mazerl/policy/starter_data/<name>/`` (installed as package data), and
+built it once, into ``mazerl/starter/data/<name>/`` (installed as package data), and
 :data:`SHIPPED_DIGEST` pins the SHA-256 of its files. :func:`shipped_starter` refuses a
 directory whose files no longer hash to it, as ``envs.evalset`` refuses an edited eval set;
 ``ensure_starter`` copies it into the data root. ``tests/test_starter_full_build.py`` rebuilds
@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 SHIPPED_NAME = "maze-starter-v2"
-SHIPPED_DIR = Path(__file__).parent / "starter_data" / SHIPPED_NAME
+SHIPPED_DIR = Path(__file__).parent / "data" / SHIPPED_NAME
 # SHA-256 over (file name, file SHA-256) of every file in SHIPPED_DIR, by name (directory_digest).
 SHIPPED_DIGEST = "00db5ceb56df59618ec771e4b4a8272561c55b3b1235688a611d32cc3bd5948f"
 
@@ -50,6 +50,6 @@ def shipped_starter(directory: Path = SHIPPED_DIR, expected: str | None = None) 
         raise ShippedStarterError(
             f"the shipped starter {directory} was changed: its files hash to {actual[:12]}... but mazerl pins "
             f"{expected[:12]}...; restore it with `git checkout {directory}`, or after a deliberate rebuild "
-            "(`mazerl build-starter --ship`) pin the digest it prints in mazerl/policy/shipped_starter.py"
+            "(`mazerl build-starter --ship`) pin the digest it prints in mazerl/starter/shipped.py"
         )
     return directory

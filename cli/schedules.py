@@ -3,7 +3,7 @@
 Prefect refuses a bad cron string too, but says only "Invalid cron string"; this check names
 the deployment and the schedule, and says what a valid one looks like. Run it before deploying::
 
-    python -m flows.deployments            # exit 0: every schedule parses; 2: the first bad one, explained
+    python -m cli.schedules            # exit 0: every schedule parses; 2: the first bad one, explained
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from pydantic import ValidationError
 
 PREFECT_YAML = Path(__file__).resolve().parents[1] / "prefect.yaml"
 CRON_HELP = (
@@ -22,8 +23,7 @@ CRON_HELP = (
 
 def check_schedules(path: str | Path = PREFECT_YAML) -> int:
     """Validate every ``deployments[*].schedules[*]`` with Prefect's own model; returns how many there are."""
-    from prefect.client.schemas.schedules import CronSchedule
-    from pydantic import ValidationError
+    from prefect.client.schemas.schedules import CronSchedule  # Prefect takes seconds to import: only here
 
     deployments = (yaml.safe_load(Path(path).read_text()) or {}).get("deployments") or []
     count = 0

@@ -1,0 +1,7 @@
+"""The tiny Qwen3-VL starter: the embedded default's stand-in for an SFT checkpoint.
+
+``build`` makes it (tokenizer, processor, model, then ``warmstart``'s solver imitation) and
+``ensure_starter`` puts it under the data root; ``shipped`` is the copy that ships as package
+data (``data/``) with its pinned digest; ``record`` reads ``starter.json`` without torch;
+``cli`` is ``mazerl build-starter``. Kept light: importing the package imports nothing.
+"""
