@@ -48,7 +48,7 @@ from mazerl.starter.record import RECORD_FILE, StarterError, read_record
 from mazerl.starter.shipped import SHIPPED_NAME, shipped_starter
 from mazerl.starter.warmstart import warm_start as run_warm_start
 
-STARTER_NAME = SHIPPED_NAME  # maze-starter-v2: warm-started with Markov contexts (history_text 1)
+STARTER_NAME = SHIPPED_NAME  # maze-starter-v3: warm-started with Markov contexts (history_text feedback)
 SPECIAL_TOKENS = (
     "<|endoftext|>",
     "<|im_start|>",
@@ -89,10 +89,12 @@ class StarterConfig(BaseModel):
         1, description="Frames in the context the starter is trained on (and should be run with)."
     )
     history_text: int | Literal["all", "feedback"] = Field(
-        0,
-        description="Past exchanges (reply + feedback) kept as text in its contexts; 0: the task prompt and the "
-        "current frame, so the context is a function of the state (the embedded recipe trains with the same value). "
-        "With 1, the last move gave the answer away ('go back' is right in every dead end): greedy 2-cycles.",
+        "feedback",
+        description="Past exchanges kept as text in its contexts (mazerl.policy.chat); feedback: the task prompt, the "
+        "current frame and the last feedback line after a reply that got nowhere, so the context is a function of "
+        "the state and a bump changes it (the embedded recipe trains with the same value). 0 (no feedback) left a "
+        "greedy policy bumping the same wall forever; 1 (the last reply too) gave the way back away in every dead "
+        "end: greedy 2-cycles.",
     )
     # Architecture.
     vocab_size: int = Field(512, ge=64, description="BPE vocabulary size, special tokens included.")
@@ -404,7 +406,7 @@ def ensure_starter(
     config: StarterConfig | None = None,
     log: Callable[[str], None] = print,
 ) -> Path:
-    """The starter under ``<data root>/models/maze-starter-v2``, put there first if missing.
+    """The starter under ``<data root>/models/<STARTER_NAME>``, put there first if missing.
 
     With the default config it is copied from the shipped, digest-checked data
     (:mod:`mazerl.starter.shipped`), so every machine gets the same weights; any other
