@@ -18,7 +18,7 @@ Observation
 
 Reward
     1.0 when the agent says ``stop`` on the target; 0.0 for everything else.
-    (A format bonus for training lives in the skyrl-gym adapter, never here.)
+    (A format bonus for training lives in ``envs.reward``, never here.)
 
 Termination
     ``terminated`` on ``stop``; ``truncated`` when ``max_moves`` actions are spent.
