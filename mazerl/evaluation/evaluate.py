@@ -26,7 +26,8 @@ from typing import Any
 
 from envs.evalset import EvalSet
 from envs.evalset import load as load_eval_set
-from mazerl.evaluation.summary import summarize, write_json, write_jsonl
+from mazerl.atomic import write_bytes, write_json, write_jsonl
+from mazerl.evaluation.summary import summarize
 from mazerl.evaluation.workers import EvalJob, EvalWorker
 
 ENGINES = ("hf", "vllm")
@@ -57,18 +58,6 @@ class EvalReport:
     model_digest: str
     eval_set_digest: str
     avg_moves: float | None = None  # moves per maze, solved or not; None in summaries written before it
-
-    def metrics(self) -> dict[str, float]:
-        """MLflow metrics (design section 5 names)."""
-        return {
-            "eval/success_rate": self.success_rate,
-            "eval/success_ci95_low": self.success_ci95[0],
-            "eval/success_ci95_high": self.success_ci95[1],
-            "eval/avg_moves": self.avg_moves if self.avg_moves is not None else 0.0,
-            "eval/parse_failure_rate": self.parse_failure_rate,
-            "eval/budget_ceiling": self.budget_ceiling,
-            "eval/episodes_per_second": self.episodes_per_second,
-        }
 
     @staticmethod
     def from_summary(summary_path: str | os.PathLike) -> EvalReport:
@@ -280,9 +269,7 @@ def _write_gifs(out_dir: Path, rows: list[dict[str, Any]], gifs: dict[int, bytes
     for index in chosen:
         row = by_index[index]
         path = directory / f"maze{index:04d}-{'solved' if row['solved'] else 'failed'}.gif"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(gifs[index])
-        os.replace(tmp, path)
+        write_bytes(path, gifs[index])
         row["gif"] = path.relative_to(out_dir).as_posix()
         paths.append(path)
     return paths
