@@ -7,9 +7,13 @@ three seeds with the learning curve.
 
 import json
 
+import pytest
+
 from envs.evalset import load as load_eval_set
 from mazerl.evaluation import evaluate
 from mazerl.policy.starter import StarterConfig, build_starter, read_record
+
+pytestmark = pytest.mark.slow  # about 5 minutes: the full starter build
 
 
 def test_full_build_greedy_baseline_on_the_embedded_set_is_between_25_and_60_percent(tmp_path):
