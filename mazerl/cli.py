@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from envs.maze import MazeEnv, solve
+
 
 def _demo(args: argparse.Namespace) -> int:
-    from envs.maze import MazeEnv, solve
-
     env = MazeEnv(size=args.size, max_moves=50)
     env.reset(seed=args.seed)
     print(env.render_text(), "\n")

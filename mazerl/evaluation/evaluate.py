@@ -26,9 +26,13 @@ from typing import Any
 
 from envs.evalset import EvalSet
 from envs.evalset import load as load_eval_set
+from envs.maze import optimal_moves
 from mazerl.atomic import write_bytes, write_json, write_jsonl
+from mazerl.cluster.ray_local import local_ray_head, ray_driver
 from mazerl.evaluation.summary import summarize
 from mazerl.evaluation.workers import EvalJob, EvalWorker
+from mazerl.fingerprint import model_fingerprint
+from mazerl.policy.chat import check_history_images, check_history_text
 
 ENGINES = ("hf", "vllm")
 RESULTS_FILE = "results.jsonl"
@@ -162,8 +166,6 @@ def evaluate(
     count = len(mazes) if max_mazes is None else min(max_mazes, len(mazes))
     history = default_history_images(model_dir) if history_images is None else history_images
     text = default_history_text(model_dir) if history_text is None else history_text
-    from mazerl.policy.chat import check_history_images, check_history_text
-
     check_history_images(history)
     check_history_text(text)
     out_dir = Path(out_dir).expanduser().resolve()
@@ -211,10 +213,8 @@ def _run_on_ray(
 ) -> tuple[list[dict[str, Any]], dict[int, bytes], float, list[dict[str, Any]]]:
     import contextlib
 
-    import ray
+    import ray  # heavy: imported when an eval runs, not when the module is (tasks, CLIs)
     from ray.util import ActorPool
-
-    from mazerl.cluster.ray_local import local_ray_head, ray_driver
 
     started_here = not ray.is_initialized()
     stack = contextlib.ExitStack()
@@ -286,9 +286,6 @@ def _summary(
     out_dir: Path,
     workers: int,
 ) -> dict[str, Any]:
-    from envs.maze import optimal_moves
-    from mazerl.fingerprint import model_fingerprint
-
     # The ceiling of the mazes actually played (the whole set unless max_mazes cut it).
     ceiling = sum(optimal_moves(layout) + 1 <= mazes.max_moves for layout in mazes.layouts[:count]) / count
     return {

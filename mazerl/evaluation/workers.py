@@ -13,8 +13,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envs.render import episode_caption
+import torch
+
+from envs.evalset import load as load_eval_set
+from envs.render import episode_caption, episode_gif
 from mazerl.evaluation.summary import result_row
+from mazerl.policy.engines import GenerationSettings
+from mazerl.policy.episodes import run_episodes
+from mazerl.policy.loader import load_policy, load_processor
+from mazerl.policy.prefix_engine import PrefixCachingEngine
+from mazerl.policy.vision_cache import VisionCache
+from mazerl.policy.vllm_engine import VLLMEngine  # vllm itself is imported only when an engine is built
 
 
 @dataclass(frozen=True)
@@ -42,18 +51,11 @@ class ChunkResult:
 
 def make_engine(job: EvalJob) -> tuple[Any, Any]:
     """(engine, processor) for the job; vLLM is imported only when asked for."""
-    from mazerl.policy.loader import load_policy, load_processor
-
     if job.engine == "hf":
-        from mazerl.policy.prefix_engine import PrefixCachingEngine
-        from mazerl.policy.vision_cache import VisionCache
-
         policy = load_policy(job.model_dir, adapter_dir=job.adapter_dir, device=job.device)
         VisionCache().attach(policy.model)  # eval never changes the weights: encode each frame once
         return PrefixCachingEngine.from_policy(policy), policy.processor
     if job.engine == "vllm":
-        from mazerl.policy.vllm_engine import VLLMEngine
-
         processor = load_processor(job.model_dir)
         return VLLMEngine(job.model_dir, processor, adapter_dir=job.adapter_dir), processor
     raise ValueError(f"engine={job.engine!r} must be 'hf' or 'vllm'")
@@ -63,10 +65,6 @@ class EvalWorker:
     """Holds one loaded policy and plays chunks of the eval set."""
 
     def __init__(self, job: EvalJob) -> None:
-        import torch
-
-        from envs.evalset import load as load_eval_set
-
         torch.set_num_threads(job.threads)
         self.job = job
         self.eval_set = load_eval_set(job.eval_set)
@@ -75,7 +73,7 @@ class EvalWorker:
     def placement(self) -> dict[str, Any]:
         """Where this worker runs (returns once the policy is loaded): the Ray node, the GPUs Ray
         gave it, and the device the engine uses, so a report can show that GPU workers got GPUs."""
-        import ray
+        import ray  # only inside a Ray actor, where ray is already loaded
 
         return {
             "node_id": ray.get_runtime_context().get_node_id(),
@@ -84,9 +82,6 @@ class EvalWorker:
         }
 
     def run(self, indices: list[int]) -> ChunkResult:
-        from mazerl.policy.engines import GenerationSettings
-        from mazerl.policy.episodes import run_episodes
-
         eval_set, job = self.eval_set, self.job
         episodes = run_episodes(
             self.engine,
@@ -111,8 +106,6 @@ class EvalWorker:
 
 
 def gif_bytes(frames: list, caption: str | None = None) -> bytes:
-    from envs.render import episode_gif
-
     with tempfile.TemporaryDirectory() as tmp:
         path = episode_gif(frames, Path(tmp) / "episode.gif", caption=caption)
         return path.read_bytes()
