@@ -58,6 +58,7 @@ from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, save_config
 from mazerl.training.data import epoch_of_step, step_indices, training_pool
 from mazerl.training.grpo import LOSS_REDUCTIONS, clipped_surrogate, group_advantages, k3_kl
+from mazerl.training.progress import step_line
 from mazerl.training.scoring import PackedScorer, TurnSample, reply_mask
 
 
@@ -486,12 +487,7 @@ class LocalGRPOTrainer:
                 metrics["train/checkpoint_seconds"] = time.perf_counter() - ckpt_started
             if metrics_sink is not None:  # 7. log
                 metrics_sink.log(step, metrics)
-            self.log(
-                f"step {step}/{config.steps}: reward {metrics['train/reward_mean']:.3f} "
-                f"success {metrics['train/success_rate']:.3f} loss {metrics['train/policy_loss']:+.4f} "
-                f"({metrics['train/step_seconds']:.1f}s: rollout {rollout_seconds:.1f}s, update {update_seconds:.1f}s); "
-                + meter.times(step)
-            )
+            self.log(step_line(step, config.steps, metrics, meter.times(step)))
         return self._finish(start_step, config.steps, last_checkpoint, started)
 
     def _finish(
