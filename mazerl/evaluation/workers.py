@@ -8,15 +8,13 @@ same thread count) and greedy results do not depend on how many workers there ar
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from envs.evalset import load as load_eval_set
-from envs.render import episode_caption, episode_gif
+from envs.render import episode_caption, episode_gif_bytes
 from mazerl.evaluation.summary import result_row
 from mazerl.policy.engines import GenerationSettings
 from mazerl.policy.episodes import run_episodes
@@ -101,11 +99,5 @@ class EvalWorker:
         for solved in (True, False):
             chosen = [(i, e) for i, e in zip(indices, episodes, strict=True) if e.solved == solved]
             for index, episode in chosen[: job.gif_candidates]:
-                gifs[index] = gif_bytes(episode.frames, episode_caption(episode.solved, episode.moves))
+                gifs[index] = episode_gif_bytes(episode.frames, caption=episode_caption(episode.solved, episode.moves))
         return ChunkResult(rows=rows, gifs=gifs)
-
-
-def gif_bytes(frames: list, caption: str | None = None) -> bytes:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = episode_gif(frames, Path(tmp) / "episode.gif", caption=caption)
-        return path.read_bytes()
