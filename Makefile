@@ -14,7 +14,7 @@ IMAGE_CONSTRAINTS := deployments/docker/constraints.txt
 # folders ...") as a Python warning on every install; pip passes this filter to its build.
 PIP_QUIET_WARNINGS ?= ignore:Editable installation
 
-.PHONY: run test test-suite test-image-stack browser lint bench venv clean-venv
+.PHONY: run test test-fast test-suite test-image-stack browser lint bench venv clean-venv
 
 venv: $(STAMP)
 
@@ -50,6 +50,12 @@ test: test-suite test-image-stack
 
 test-suite: $(STAMP) browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
+
+# A developer's quick loop: the suite without the tests marked `slow` (flow runs, training, the
+# cluster rehearsal, the full starter build). Not what CI runs: `make test` runs everything.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
 
 test-image-stack: $(IMAGE_STAMP)

@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.report import write_section  # noqa: E402
+from mazerl.evaluation.summary import read_result_rows  # noqa: E402
 from mazerl.tracking.curves import GREEDY_KEY, SAMPLED_KEY, curve_table, history_from_jsonl  # noqa: E402
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -41,7 +42,7 @@ def baseline_on_subset(root: Path, run_dir: Path, base_model: str, count: int | 
     for folder in candidates:
         summary = folder / "summary.json"
         if summary.is_file() and json.loads(summary.read_text()).get("model_dir") == base_model:
-            rows = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines() if line.strip()]
+            rows = read_result_rows(folder / "results.jsonl")
             played = sorted(rows, key=lambda row: row["index"])[:count]
             return sum(row["solved"] for row in played) / len(played)
     return None

@@ -29,6 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.report import write_section  # noqa: E402
+from mazerl.atomic import write_jsonl  # noqa: E402
+from mazerl.evaluation.summary import read_result_rows  # noqa: E402
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -61,11 +63,11 @@ def train(args: argparse.Namespace) -> None:
 def baseline_rows(model: Path, out: Path) -> list[dict]:
     """Greedy rows of the starter on every maze (cached in ``out``)."""
     if out.is_file():
-        return [json.loads(line) for line in out.read_text().splitlines()]
+        return read_result_rows(out)
     import torch
 
     from envs.evalset import load as load_eval_set
-    from mazerl.evaluation.summary import result_row, write_jsonl
+    from mazerl.evaluation.summary import result_row
     from mazerl.policy.engines import GenerationSettings
     from mazerl.policy.episodes import run_episodes
     from mazerl.policy.loader import load_policy
@@ -89,7 +91,6 @@ def baseline_rows(model: Path, out: Path) -> list[dict]:
         history_text=text,
     )
     rows = [result_row(i, eval_set.seeds[i], e) for i, e in enumerate(episodes)]
-    out.parent.mkdir(parents=True, exist_ok=True)
     write_jsonl(out, rows)
     return rows
 

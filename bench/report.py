@@ -14,6 +14,8 @@ import sys
 from datetime import date
 from pathlib import Path
 
+from mazerl.atomic import write_text
+
 PERFORMANCE_MD = Path(__file__).parents[1] / "docs" / "performance.md"
 
 
@@ -51,6 +53,4 @@ def write_section(name: str, body: str, path: Path = PERFORMANCE_MD) -> None:
     text = path.read_text() if path.exists() else "# Performance\n"
     pattern = re.compile(rf"<!-- bench:{re.escape(name)} -->.*?<!-- /bench:{re.escape(name)} -->", re.DOTALL)
     text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section + "\n"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_text(path, text)

@@ -172,8 +172,8 @@ def write_report(config, results, checkpoint_s, resume_s, loads, no_write: bool)
             f"`history_text: {config.history_text}` and exactly the batch the new path scores (policy loss "
             + ", ".join(f"{a:+.6f} vs {b:+.6f}" for a, b in losses)
             + ").",
-            f"- checkpoint (adapter, optimizer, scheduler, RNG; atomic): {checkpoint_s:.2f} s; resume (load base, "
-            f"attach the saved adapter, restore optimizer and scheduler): {resume_s:.1f} s.",
+            f"- checkpoint (adapter, optimizer, RNG; atomic): {checkpoint_s:.2f} s; resume (load base, "
+            f"attach the saved adapter, restore the optimizer): {resume_s:.1f} s.",
             f"- 1-minute load average during the run: {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores "
             "(other jobs shared the machine: the ratios hold, absolute seconds are inflated by about the load / cores).",
         ]

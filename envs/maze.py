@@ -18,7 +18,7 @@ Observation
 
 Reward
     1.0 when the agent says ``stop`` on the target; 0.0 for everything else.
-    (A format bonus for training lives in the skyrl-gym adapter, never here.)
+    (A format bonus for training lives in ``envs.reward``, never here.)
 
 Termination
     ``terminated`` on ``stop``; ``truncated`` when ``max_moves`` actions are spent.
@@ -33,30 +33,46 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any, Literal
 
 import numpy as np
 
 from envs.render import FrameRenderer
 
-# Direction code -> (d_row, d_col), as in VisGym.
-DIRECTIONS: dict[int, tuple[int, int]] = {0: (0, 1), 1: (-1, 0), 2: (0, -1), 3: (1, 0)}
-DIRECTION_WORDS: dict[int, str] = {0: "right", 1: "up", 2: "left", 3: "down"}
-STOP = 4  # action id of ('stop', 'stop')
+
+class Action(IntEnum):
+    """Action ids, as in VisGym: the four moves are the ``d`` of ``('move', d)``; 4 is ``('stop', 'stop')``."""
+
+    RIGHT = 0
+    UP = 1
+    LEFT = 2
+    DOWN = 3
+    STOP = 4
+
+
+# Move id -> (d_row, d_col), and its word in the keyword format.
+DIRECTIONS: dict[int, tuple[int, int]] = {
+    Action.RIGHT.value: (0, 1),
+    Action.UP.value: (-1, 0),
+    Action.LEFT.value: (0, -1),
+    Action.DOWN.value: (1, 0),
+}
+DIRECTION_WORDS: dict[int, str] = {move: Action(move).name.lower() for move in DIRECTIONS}
 ActionFormat = Literal["tuple", "keyword"]
 
 
 def action_text(action: int, action_format: ActionFormat = "tuple") -> str:
     """The canonical text of an action id (0-3 moves, 4 stop) in the given format."""
     if action_format == "keyword":
-        word = "stop" if action == STOP else DIRECTION_WORDS[action]
+        word = "stop" if action == Action.STOP else DIRECTION_WORDS[action]
         return f"<action>{word}</action>"
-    return "('stop', 'stop')" if action == STOP else f"('move', {action})"
+    return "('stop', 'stop')" if action == Action.STOP else f"('move', {int(action)})"
 
 
 _TUPLE_RE = re.compile(r"""\(\s*['"]?(move|stop)['"]?\s*,\s*(?:(\d+)|['"]?stop['"]?)\s*\)""")
 _KEYWORD_RE = re.compile(r"<action>\s*(\w+)\s*</action>", re.IGNORECASE)
-_WORD_TO_ACTION = {word: code for code, word in DIRECTION_WORDS.items()} | {"stop": STOP}
+_WORD_TO_ACTION = {word: code for code, word in DIRECTION_WORDS.items()} | {"stop": Action.STOP}
 
 
 def parse_tuple_action(text: str) -> tuple[int | None, bool]:
@@ -64,7 +80,7 @@ def parse_tuple_action(text: str) -> tuple[int | None, bool]:
     for match in _TUPLE_RE.finditer(text):
         name, payload = match.group(1), match.group(2)
         if name == "stop" and payload is None:
-            return STOP, True
+            return Action.STOP, True
         if name == "move" and payload is not None and int(payload) in DIRECTIONS:
             return int(payload), True
     return None, False
@@ -189,7 +205,7 @@ def _wilson_walls(size: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def solve_actions(layout: Layout, start: tuple[int, int] | None = None) -> list[int]:
-    """Shortest action-id sequence from ``start`` (default: the agent) to the target, ending in STOP."""
+    """Shortest action-id sequence from ``start`` (default: the agent) to the target, ending in ``Action.STOP``."""
     start = start or layout.agent
     previous: dict[tuple[int, int], tuple[tuple[int, int], int] | None] = {start: None}
     queue = deque([start])
@@ -204,7 +220,7 @@ def solve_actions(layout: Layout, start: tuple[int, int] | None = None) -> list[
                 queue.append(nxt)
     if layout.target not in previous:
         raise ValueError(f"the target {layout.target} cannot be reached from {start}")
-    actions = [STOP]
+    actions = [Action.STOP]
     cell = layout.target
     while previous[cell] is not None:
         cell, action = previous[cell]
@@ -231,7 +247,10 @@ class MazeEnv:
         max_moves: int = 15,
         action_format: ActionFormat = "tuple",
         cell_px: int = 25,
+        seed: int = 0,
     ) -> None:
+        """``seed`` starts the stream of maze seeds that :meth:`reset` draws from when it is given
+        neither a seed nor a layout, so two envs built alike play the same mazes."""
         check_size(size)
         if max_moves < 1:
             raise ValueError(f"max_moves={max_moves} must be >= 1 (the reference budget is 15)")
@@ -244,7 +263,7 @@ class MazeEnv:
         self.action_format = action_format
         self.cell_px = cell_px
         self._parse = PARSERS[action_format]
-        self._seed_rng = np.random.default_rng()
+        self._seed_rng = np.random.default_rng(seed)
         self.layout: Layout | None = None
         self.agent: tuple[int, int] = (0, 0)
         self.moves = 0
@@ -252,7 +271,8 @@ class MazeEnv:
         self._renderer: FrameRenderer | None = None
 
     def reset(self, seed: int | None = None, layout: Layout | None = None) -> tuple[np.ndarray, dict]:
-        """Start an episode on ``layout``, or on the maze drawn from ``seed`` (random if neither)."""
+        """Start an episode on ``layout``, or on the maze drawn from ``seed`` (if neither: the next
+        seed of the env's own seeded stream)."""
         if layout is None:
             seed = int(self._seed_rng.integers(2**31)) if seed is None else seed
             layout = Layout.generate(seed, self.size)
@@ -275,7 +295,7 @@ class MazeEnv:
         reward, terminated = 0.0, False
         if not parse_ok:
             feedback = f"Could not read an action. Reply with exactly one of: {ACCEPTED_FORMS[self.action_format]}."
-        elif action == STOP:
+        elif action == Action.STOP:
             terminated = True
             reward = 1.0 if self.agent == self.layout.target else 0.0
             feedback = "Stopped on the target." if reward else "Stopped away from the target."

@@ -126,6 +126,26 @@ def _gif_frame(frame: np.ndarray, scale: int, caption: str | None) -> Image.Imag
     return framed
 
 
+def episode_gif_bytes(
+    frames: Sequence[np.ndarray], frame_ms: int = 400, caption: str | None = None, min_px: int = GIF_MIN_PX
+) -> bytes:
+    """The frames as an animated GIF (looping, last frame held longer).
+
+    Frames are scaled up by a whole factor to at least ``min_px`` wide, and ``caption`` (e.g.
+    :func:`episode_caption`) is written under every frame, so the GIF reads on its own in a UI.
+    """
+    if not frames:
+        raise ValueError("episode_gif needs at least one frame")
+    scale = max(1, -(-min_px // np.asarray(frames[0]).shape[1]))  # ceil(min_px / width)
+    images = [_gif_frame(frame, scale, caption) for frame in frames]
+    durations = [frame_ms] * (len(images) - 1) + [frame_ms * 3]
+    buffer = io.BytesIO()
+    images[0].save(
+        buffer, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0, optimize=False
+    )
+    return buffer.getvalue()
+
+
 def episode_gif(
     frames: Sequence[np.ndarray],
     path: str | os.PathLike,
@@ -133,21 +153,14 @@ def episode_gif(
     caption: str | None = None,
     min_px: int = GIF_MIN_PX,
 ) -> Path:
-    """Write the frames as an animated GIF (looping, last frame held longer); returns the path.
+    """Write :func:`episode_gif_bytes` to ``path`` (temporary name, then rename); returns the path.
 
-    Frames are scaled up by a whole factor to at least ``min_px`` wide, and ``caption`` (e.g.
-    :func:`episode_caption`) is written under every frame, so the GIF reads on its own in a UI.
+    ``envs`` imports nothing of ``mazerl``, so this is its own copy of ``mazerl.atomic.write_bytes``.
     """
-    if not frames:
-        raise ValueError("episode_gif needs at least one frame")
+    data = episode_gif_bytes(frames, frame_ms, caption, min_px)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    scale = max(1, -(-min_px // np.asarray(frames[0]).shape[1]))  # ceil(min_px / width)
-    images = [_gif_frame(frame, scale, caption) for frame in frames]
-    durations = [frame_ms] * (len(images) - 1) + [frame_ms * 3]
-    tmp = path.with_name(path.name + ".tmp")
-    images[0].save(
-        tmp, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0, optimize=False
-    )
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_bytes(data)
     os.replace(tmp, path)
     return path

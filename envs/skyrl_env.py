@@ -6,7 +6,8 @@ its own prompt and frames. Observations are OpenAI-style user messages whose con
 is the feedback text plus the frame as a ``data:image/png;base64,`` ``image_url`` part.
 
 The optional ``format_bonus`` (training only) is added to the terminal reward for the
-share of replies that parsed; it never enters the ``solved`` metric.
+share of replies that parsed (:func:`envs.reward.episode_reward`, the local runner's rule too);
+it never enters the ``solved`` metric.
 
 Register inside every Ray process that builds envs (SkyRL's generator does it by id)::
 
@@ -23,6 +24,7 @@ from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, Con
 
 from envs.maze import Layout, MazeEnv
 from envs.render import png_data_uri
+from envs.reward import check_format_bonus, episode_reward
 
 ENV_ID = "maze2d"
 ENTRY_POINT = "envs.skyrl_env:MazeTextEnv"
@@ -65,6 +67,7 @@ class MazeTextEnv(BaseTextEnv):
         size = int(setting("size", self.layout.size if self.layout is not None else 9))
         self.max_turns = int(setting("max_turns", 15))
         self.format_bonus = float(setting("format_bonus", 0.0))
+        check_format_bonus(self.format_bonus)
         self.env = MazeEnv(
             size=size,
             max_moves=self.max_turns,
@@ -86,8 +89,7 @@ class MazeTextEnv(BaseTextEnv):
         done = terminated or truncated
         if done:
             self.solved = reward > 0
-            parsed_share = 1.0 - self.parse_failures / self.env.moves
-            reward = reward + self.format_bonus * parsed_share
+            reward = episode_reward(reward, self.env.moves - self.parse_failures, self.env.moves, self.format_bonus)
         observations = [] if done else [image_message(info["feedback"], image)]
         return BaseTextEnvStepOutput(
             observations=observations,

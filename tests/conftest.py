@@ -81,7 +81,8 @@ def local_ray_head():
     metrics exported every 2 s. Use it through the job API::
 
         client = JobSubmissionClient(local_ray_head.address, headers=local_ray_head.auth_headers())
-        submit_training(local_ray_head.address, ..., headers=local_ray_head.auth_headers())
+        with RayJob(local_ray_head.address, entrypoint, ..., headers=local_ray_head.auth_headers()) as job:
+            job.wait()
 
     Jobs run this checkout's code when given ``runtime_env=mazerl.cluster.submitter.local_runtime_env()``
     (the submitter's ``runtime_env="auto"`` does that for 127.0.0.1). A subprocess that wants

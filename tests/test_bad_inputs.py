@@ -809,6 +809,56 @@ def test_the_docs_table_lists_every_case():
     assert missing == [], f"{DOCS_TABLE.name} lacks rows for {missing}"
 
 
+# --- every pipeline parameter has a bad-input case ------------------------------------------------
+
+# PipelineParams field -> (a bad value, words of the rule or fix its error must give). Checked in
+# process against the real model; fields whose bad values need a world (files, a cluster) have
+# their case in CASES instead (base_model, data_root, hyperpod_cluster, training.*).
+PARAMETER_CASES = {
+    "eval_engine": ("tpu", "'hf' or 'vllm'"),
+    "eval_gpus_per_worker": (-1, "greater than or equal to 0"),
+    "preset": ("huge", "'smoke'"),
+    "eval_set": ("maze65-easy-v1", "choose one of"),
+    "backend": ("jax", "'local' or 'skyrl'"),
+    "training": ([1], "valid dictionary"),
+    "ray_address": ("ftp://head", "http://host:8265"),
+    "tracking_uri": ("nope://", "sqlite:///path/mlflow.db"),
+    "experiment": ("", "give an MLflow experiment name"),
+    "registered_model": ("bad/name!", "may use only letters, digits"),
+    "promotion_threshold": (2.0, "less than or equal to 1"),
+    "eval_workers": (0, "greater than or equal to 1"),
+    "max_eval_mazes": (0, "greater than or equal to 1"),
+    "gif_count": (-1, "greater than or equal to 0"),
+    "train_retries": (-1, "greater than or equal to 0"),
+    "local_train_gpus": (-1, "greater than or equal to 0"),
+    "hang_timeout_s": (0, "greater than 0"),
+    "max_artifact_mb": (-1, "greater than or equal to 0"),
+}
+GOOD_PARAMS = {"eval_set": "maze256-small-v1", "max_eval_mazes": 4, "training": dict(MINIATURE_TRAINING)}
+
+
+def test_every_pipeline_parameter_has_a_bad_input_case():
+    # Given the pipeline's real parameter list, every field has a case here or in CASES, so a new
+    # parameter without a bad-input case fails this test.
+    fields = set(PipelineParams.model_fields)
+    in_cases = {case.field.split(".")[0] for case in CASES} & fields
+    missing = sorted(fields - set(PARAMETER_CASES) - in_cases)
+    assert missing == [], f"PipelineParams fields without a bad-input case: {missing}; add them to PARAMETER_CASES"
+    stale = sorted(set(PARAMETER_CASES) - fields)
+    assert stale == [], f"PARAMETER_CASES names fields PipelineParams no longer has: {stale}"
+    assert PipelineParams(**GOOD_PARAMS).eval_set == "maze256-small-v1", "the good parameters are accepted"
+
+
+@pytest.mark.parametrize("field", sorted(PARAMETER_CASES))
+def test_a_bad_pipeline_parameter_is_refused_naming_it_and_the_rule(field):
+    bad, words = PARAMETER_CASES[field]
+    with pytest.raises(ValueError) as caught:  # pydantic's ValidationError is a ValueError
+        PipelineParams(**GOOD_PARAMS | {field: bad})
+    message = str(caught.value)
+    assert field in message, f"{field}={bad!r}: the error should name the field: {message}"
+    assert words in message, f"{field}={bad!r}: the error should say {words!r}: {message}"
+
+
 # --- fixtures -------------------------------------------------------------------------------------
 
 

@@ -48,6 +48,8 @@ from mazerl.cluster.ray_local import LocalRayHead, _free_ports, _head_env, start
 from mazerl.params import MINIATURE_TRAINING, PipelineParams
 from mazerl.training import checkpoints
 
+pytestmark = pytest.mark.slow  # a multi-node Ray cluster and whole flow runs
+
 PROJECT = Path(__file__).resolve().parents[1]
 MANIFEST = PROJECT / "deployments" / "k8s" / "raycluster.yaml"
 PREFECT_YAML = PROJECT / "prefect.yaml"

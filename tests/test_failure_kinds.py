@@ -7,7 +7,7 @@ from mazerl.evaluation.failures import KINDS, failure_kind, kind_counts
 
 LAYOUT = Layout.generate(0, 7)  # agent on the top-left interior corner: up (1) and left (2) are walls
 REVERSE = {0: 2, 1: 3, 2: 0, 3: 1}
-PATH = solve_actions(LAYOUT)  # ends in STOP (4)
+PATH = solve_actions(LAYOUT)  # ends in Action.STOP (4)
 FIRST = PATH[0]
 
 

@@ -31,6 +31,8 @@ from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, save_config
 from mazerl.training.local_trainer import LocalGRPOTrainer
 
+pytestmark = pytest.mark.slow  # training runs killed and resumed, flow runs retried
+
 PROJECT = Path(__file__).resolve().parents[1]
 
 

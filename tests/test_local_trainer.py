@@ -62,6 +62,7 @@ def test_training_changes_the_adapter_and_checkpoints_every_step(tmp_path, start
     assert not any("visual" in k for k in adapter_tensors(config)), "the vision tower gets no adapter"
 
 
+@pytest.mark.slow
 def test_resumed_run_equals_uninterrupted_run_bitwise(tmp_path, starter_model_dir):
     # Given the same seed, when one run does 3 steps and another does 2 then resumes to 3,
     # then the final adapters are bit-identical (CPU, one thread).
@@ -113,6 +114,7 @@ def test_checkpoint_from_another_base_model_is_refused(tmp_path, starter_model_d
         LocalGRPOTrainer(tiny_config(tmp_path, starter_model_dir, steps=2)).run()
 
 
+@pytest.mark.slow
 def test_killed_job_resumes_from_its_checkpoint_without_redoing_steps(tmp_path, starter_model_dir):
     # Given a training process killed hard after its first checkpoint, when it is started
     # again, then it continues at the next step and ends with the uninterrupted adapter.

@@ -5,7 +5,7 @@ import pytest
 
 from envs.evalset import load
 from envs.maze import (
-    STOP,
+    Action,
     Layout,
     MazeEnv,
     action_text,
@@ -40,7 +40,7 @@ CORRIDOR = Layout.from_dict(
         ('("move", 3)', (3, True)),
         ("I will go up: ('move', 1) now", (1, True)),
         ("(move, 2)", (2, True)),
-        ("('stop', 'stop')", (STOP, True)),
+        ("('stop', 'stop')", (Action.STOP, True)),
         ("('move', 4)", (None, False)),
         ("('move', 'up')", (None, False)),
         ("move right", (None, False)),
@@ -56,7 +56,7 @@ def test_tuple_parser_table(text, expected):
     [
         ("<action>left</action>", (2, True)),
         ("<action> UP </action>", (1, True)),
-        ("<action>down</action> then <action>stop</action>", (STOP, True)),
+        ("<action>down</action> then <action>stop</action>", (Action.STOP, True)),
         ("<action>jump</action>", (None, False)),
         ("('move', 0)", (None, False)),
     ],
@@ -200,6 +200,22 @@ def test_same_seed_envs_step_side_by_side_identically():
     for text in ["('move', 0)", "('move', 3)", "bad", "('move', 1)"]:
         out_a, out_b = a.step(text), b.step(text)
         assert np.array_equal(out_a[0], out_b[0]) and out_a[1:] == out_b[1:]
+
+
+def test_a_reset_without_seed_or_layout_draws_from_the_env_seed():
+    # given envs built alike, when reset with neither seed nor layout, then they play the same mazes
+    a, b, other = MazeEnv(size=7, seed=3), MazeEnv(size=7, seed=3), MazeEnv(size=7, seed=4)
+    played_a = [(a.reset(), a.layout)[1] for _ in range(4)]
+    played_b = [(b.reset(), b.layout)[1] for _ in range(4)]
+    played_other = [(other.reset(), other.layout)[1] for _ in range(4)]
+    assert played_a == played_b, "the same env seed must give the same mazes"
+    assert played_a != played_other, "another env seed must give other mazes"
+    assert len(set(played_a)) > 1, "each reset draws the next maze of the stream"
+
+
+def test_action_ids_are_those_of_visgym():
+    assert [int(a) for a in (Action.RIGHT, Action.UP, Action.LEFT, Action.DOWN, Action.STOP)] == [0, 1, 2, 3, 4]
+    assert [action_text(a) for a in Action] == [f"('move', {d})" for d in range(4)] + ["('stop', 'stop')"]
 
 
 def test_layout_json_round_trip_and_text_rendering():

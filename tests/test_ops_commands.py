@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+import pytest
 
 from mazerl.cluster.ray_local import default_temp_dir, find_local_head
 
@@ -77,6 +78,7 @@ def test_ray_stop_stops_the_head_a_deployment_run_left_up_and_never_one_in_use(t
         shutil.rmtree(short, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_mazerl_ui_serves_the_embedded_store_and_prints_the_runs_table_link(mlflow_root):
     from mazerl.tracking.store import default_tracking_uri, ensure_experiment
 

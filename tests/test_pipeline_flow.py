@@ -19,6 +19,8 @@ from mazerl.params import MINIATURE_TRAINING, PipelineParams
 from mazerl.tracking.lineage import STAGES
 from mazerl.training import checkpoints
 
+pytestmark = pytest.mark.slow  # a minute or two per flow run
+
 
 @pytest.fixture
 def ray_token(local_ray_head, monkeypatch):

@@ -2,13 +2,16 @@
 
 import numpy as np
 import pytest
+import skyrl_gym
+import torch
+from scripted_engines import FixedReplyEngine, SolverEngine, layout_from_frame
 
 from envs.evalset import load as load_eval_set
 from envs.maze import Layout, MazeEnv
+from envs.skyrl_env import ENV_ID, register_maze_env
 from mazerl.policy.engines import GenerationSettings, HFEngine
 from mazerl.policy.episodes import run_episodes
 from mazerl.policy.loader import load_policy, load_processor
-from mazerl.policy.scripted import FixedReplyEngine, SolverEngine, layout_from_frame
 
 GREEDY = GenerationSettings(greedy=True, max_new_tokens=16)
 
@@ -83,12 +86,49 @@ def test_turns_record_the_contexts_and_frames_are_kept_on_request(processor, eva
     assert episode.response_tokens == sum(len(t.response_ids) for t in episode.turns)
 
 
+class _GarbleFirstTurn(SolverEngine):
+    """Unreadable on the first turn, then the solver: a reward with a partial format bonus."""
+
+    calls = 0
+
+    def generate(self, requests, settings):
+        self.calls += 1
+        return super().generate(requests, settings)
+
+    def reply(self, request):
+        return "no idea yet" if self.calls == 1 else super().reply(request)
+
+
+def test_both_runners_pay_the_same_reward(processor, eval_set):
+    # given episodes of the local runner with one unreadable reply each and a format bonus
+    layouts = eval_set.layouts[:6]
+    engine = _GarbleFirstTurn(processor, cell_px=eval_set.cell_px)
+    episodes = run_episodes(engine, processor, layouts, GREEDY, max_moves=eval_set.max_moves, format_bonus=0.3)
+    assert any(e.solved for e in episodes) and all(e.parse_failures == 1 for e in episodes)
+    register_maze_env()
+    for layout, episode in zip(layouts, episodes, strict=True):
+        # when the skyrl-gym adapter (the skyrl backend's env) hears the same replies
+        extras = {"layout": layout.to_dict(), "max_turns": eval_set.max_moves, "cell_px": eval_set.cell_px}
+        env = skyrl_gym.make(ENV_ID, env_config={}, extras=extras | {"format_bonus": 0.3})
+        env.init([])
+        for text in episode.actions:
+            out = env.step(text)
+        # then it pays exactly the local runner's reward
+        assert out["done"] and out["reward"] == episode.reward, (
+            f"{episode.maze_id}: {out['reward']} != {episode.reward}"
+        )
+
+
 def test_bad_runner_arguments_are_refused(processor, eval_set):
     engine = SolverEngine(processor, cell_px=16)
     with pytest.raises(ValueError, match="maze_ids"):
         run_episodes(engine, processor, eval_set.layouts[:2], GREEDY, maze_ids=["only-one"])
     with pytest.raises(ValueError, match="history_images"):
         run_episodes(engine, processor, eval_set.layouts[:2], GREEDY, history_images=0)
+    with pytest.raises(ValueError, match="format_bonus"):
+        run_episodes(engine, processor, eval_set.layouts[:2], GREEDY, format_bonus=-0.5)
+    with pytest.raises(TypeError, match="HFEngine"):
+        run_episodes(torch.nn.Linear(1, 1), processor, eval_set.layouts[:2], GREEDY)  # a bare model, not an engine
 
 
 def test_starter_rollouts_are_reproducible_with_a_seed(starter_model_dir, eval_set):
@@ -98,7 +138,9 @@ def test_starter_rollouts_are_reproducible_with_a_seed(starter_model_dir, eval_s
     settings = GenerationSettings(greedy=False, temperature=1.0, max_new_tokens=12, seed=7)
     layouts = [eval_set.layouts[0]] * 4 + [eval_set.layouts[1]] * 4
     first = run_episodes(engine, policy.processor, layouts, settings, max_moves=4)
-    again = run_episodes(policy.model, policy.processor, layouts, settings, max_moves=4)  # a bare model works too
+    again = run_episodes(
+        HFEngine.from_policy(policy), policy.processor, layouts, settings, max_moves=4
+    )  # a fresh engine
     # then every reply is the same
     assert [e.actions for e in first] == [e.actions for e in again]
     assert all(len(e.turns) == e.moves for e in first)

@@ -124,6 +124,7 @@ def files_holding(paths, values: dict[str, str]) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_no_secret_reaches_any_output_of_a_pipeline_run_and_every_server_listens_on_loopback(
     prefect_api, secret_env, secret_head, mlflow_root, starter_model_dir, monkeypatch
 ):
@@ -233,6 +234,7 @@ def test_no_secret_of_the_users_shell_reaches_the_head_or_a_jobs_environment(sec
     assert {pid: names for pid, names in leaks.items() if names} == {}
 
 
+@pytest.mark.slow
 def test_eval_command_runs_on_a_loopback_only_head_and_leaves_no_token_where_others_can_read_it(
     starter_model_dir, tmp_path
 ):
@@ -409,5 +411,5 @@ def test_the_code_never_enables_remote_code_nor_loads_pickles_unsafely():
         allow = keyword(call, "allow_pickle")
         if allow is not None and not (isinstance(allow, ast.Constant) and allow.value is False):
             problems.append(f"{path}:{call.lineno} {func}(allow_pickle=...)")
-    assert loads >= 3, "the scan sees the checkpoint loads (trainer state, optimizer, scheduler)"
+    assert loads >= 2, "the scan sees the checkpoint loads (trainer state, optimizer)"
     assert problems == []

@@ -7,10 +7,14 @@ three seeds with the learning curve.
 
 import json
 
+import pytest
+
 from envs.evalset import load as load_eval_set
 from mazerl.evaluation import evaluate
 from mazerl.starter.build import StarterConfig, build_starter
 from mazerl.starter.record import read_record
+
+pytestmark = pytest.mark.slow  # about 5 minutes: the full starter build
 
 
 def test_full_build_greedy_baseline_on_the_embedded_set_is_between_15_and_60_percent(tmp_path):

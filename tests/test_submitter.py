@@ -22,9 +22,10 @@ import pytest
 from mazerl.cluster.errors import ConfigError, JobConfigError, RetryableJobError
 from mazerl.cluster.submitter import (
     RayJob,
+    local_runtime_env,
     module_entrypoint,
+    runtime_env_for,
     submission_id_for,
-    submit_training,
 )
 
 # Ray's job client against a Ray head, on the Ray the image ships too (`make test-image-stack`).
@@ -371,7 +372,7 @@ def test_cancelling_the_caller_stops_the_ray_job(local_ray_head, scripts):
     )
 
 
-def test_submit_training_runs_a_module_entrypoint_with_the_config(local_ray_head, tmp_path):
+def test_a_training_job_runs_a_module_entrypoint_with_the_config(local_ray_head, tmp_path):
     """The real entrypoint shape, ``python -m <module> --config <file>``: plain ``python`` must be
     this venv's interpreter on the head, and the job must import this checkout's code."""
     from mazerl.cluster.submitter import project_root
@@ -391,16 +392,16 @@ def test_submit_training_runs_a_module_entrypoint_with_the_config(local_ray_head
     config = tmp_path / "train config.json"  # a space: the path must be quoted
     config.write_text('{"run_id": "r-42"}')
     lines: list[str] = []
-    outcome = submit_training(
+    with RayJob(
         local_ray_head.address,
-        "fake_entry",
-        config,
-        run_id(),
-        1,
+        module_entrypoint("fake_entry", config),
+        pipeline_run_id=run_id(),
+        attempt=1,
         runtime_env={"env_vars": {"PYTHONPATH": f"{project_root()}{os.pathsep}{tmp_path}"}},
         headers=local_ray_head.auth_headers(),
         log=lines.append,
-    )
+    ) as job:
+        outcome = job.wait()
     assert outcome.status == "SUCCEEDED"
     assert "step 1 run_id=r-42" in lines, lines
 
@@ -412,6 +413,33 @@ def test_unreachable_address_is_retryable_and_names_it():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed again: nothing listens there
     address = f"http://127.0.0.1:{port}"
-    with pytest.raises(RetryableJobError) as caught:
-        submit_training(address, "mazerl.training.local_entry", "/tmp/c.json", run_id(), 1)
+    with (
+        pytest.raises(RetryableJobError) as caught,
+        RayJob(
+            address,
+            module_entrypoint("mazerl.training.local_entry", "/tmp/c.json"),
+            pipeline_run_id=run_id(),
+            attempt=1,
+        ) as job,
+    ):
+        job.wait()
     assert address in str(caught.value) and caught.value.address == address
+
+
+@pytest.mark.parametrize(
+    "address, on_this_machine",
+    [
+        ("http://127.0.0.1:8265", True),
+        ("http://localhost:8265", True),
+        ("http://127.0.0.2:8265", True),  # a second local node's head (ray_local's node_ip)
+        ("http://[::1]:8265", True),
+        ("127.0.0.1:8265", True),
+        ("http://10.0.0.5:8265", False),
+        ("http://127.foo:8265", False),
+        ("http://head.example.com:8265", False),
+    ],
+)
+def test_the_auto_runtime_env_points_at_our_code_only_for_a_head_on_this_machine(address, on_this_machine):
+    # given a cluster address, when the "auto" runtime env is chosen, then only a local head shares our files
+    expected = local_runtime_env() if on_this_machine else None
+    assert runtime_env_for(address) == expected, f"{address}: expected {expected}"

@@ -63,6 +63,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from mazerl.atomic import write_json
+
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
@@ -230,7 +232,7 @@ def start_local_head(
     (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1``) swaps 127.0.0.1 itself for the machine's external
     address, but keeps any other address of 127.0.0.0/8.
     """
-    if not _is_loopback(node_ip):
+    if not is_loopback_ip(node_ip):
         raise ValueError(f"node_ip ({node_ip}) must be a loopback address (127.x.y.z): the embedded head is local")
     temp = _temp_dir(temp_dir)
     with _registry_lock(temp):
@@ -606,10 +608,7 @@ def _write_secret(path: Path, value: str) -> None:
 
 def _write_registry(head: LocalRayHead) -> None:
     record = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(head).items() if k != "started_here"}
-    path = head.temp_dir / REGISTRY_NAME
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2))
-    os.replace(tmp, path)
+    write_json(head.temp_dir / REGISTRY_NAME, record)
 
 
 def _read_registry(temp: Path) -> LocalRayHead | None:
@@ -670,12 +669,21 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def _is_loopback(address: str) -> bool:
+def is_loopback_ip(address: str | None) -> bool:
     """True for an IP address of 127.0.0.0/8 (or ::1); False for anything else, names included."""
     try:
-        return ipaddress.ip_address(address).is_loopback
+        return ipaddress.ip_address(address or "").is_loopback
     except ValueError:
         return False
+
+
+def is_loopback_host(host: str | None) -> bool:
+    """True for a host on this machine: ``localhost`` or a loopback IP address (:func:`is_loopback_ip`).
+
+    The one home of "is this address local": the embedded head checks its node IP with it, the
+    submitter whether a job's cluster shares this machine's files.
+    """
+    return host == "localhost" or is_loopback_ip(host)
 
 
 def _port_free(port: int) -> bool:

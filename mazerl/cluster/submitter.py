@@ -59,7 +59,6 @@ import asyncio
 import collections
 import json
 import logging
-import os
 import queue
 import re
 import shlex
@@ -71,8 +70,10 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
 
+from mazerl.atomic import write_json
 from mazerl.cluster.client import job_client, parse_address
 from mazerl.cluster.errors import ClusterAccessError, ConfigError, JobConfigError, JobConflictError, RetryableJobError
+from mazerl.cluster.ray_local import is_loopback_host
 from mazerl.training.progress import TrainingProgress
 
 logger = logging.getLogger(__name__)
@@ -91,7 +92,6 @@ _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _EXIT_CODE = re.compile(r"exit code (-?\d+)")
 _AUTH_REFUSED = re.compile(r"status code 40[13]\b")  # Ray's job client: "Request failed with status code 401"
 SESSION_MIN_S = 10.0  # a session refused sooner than this after renewal was not an expiry
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 LogFn = Callable[[str], None]
 # Terminal control sequences (colours, cursor moves) that Ray and libraries write into job output;
@@ -178,11 +178,11 @@ def local_runtime_env() -> dict[str, Any]:
 
 
 def runtime_env_for(address: str) -> dict[str, Any] | None:
-    """The ``"auto"`` runtime env: a head on this machine (127.0.0.1/localhost) shares its files,
+    """The ``"auto"`` runtime env: a head on this machine (localhost, 127.0.0.0/8, ::1) shares its files,
     so point PYTHONPATH at our code; a remote cluster runs its image's installed project."""
     parsed = parse_address(address)
     host = urlparse(parsed.value).hostname
-    return local_runtime_env() if not parsed.is_sagemaker and host in LOOPBACK_HOSTS else None
+    return local_runtime_env() if not parsed.is_sagemaker and is_loopback_host(host) else None
 
 
 def _merged_runtime_env(runtime_env: dict[str, Any] | None, env_vars: dict[str, str] | None) -> dict[str, Any] | None:
@@ -225,7 +225,6 @@ class RayJob:
         progress_probe: Callable[[], object] | None = None,
         poll_s: float = 0.5,
         unreachable_grace_s: float = 20.0,
-        entrypoint_num_cpus: float | None = None,
         entrypoint_num_gpus: float | None = None,
         entrypoint_memory: int | None = None,
         identity: dict[str, str] | None = None,
@@ -256,7 +255,6 @@ class RayJob:
         self.progress_probe = progress_probe or (TrainingProgress() if hang_timeout_s else None)
         self.poll_s = poll_s
         self.unreachable_grace_s = unreachable_grace_s
-        self.entrypoint_num_cpus = entrypoint_num_cpus
         self.entrypoint_num_gpus = entrypoint_num_gpus
         self.entrypoint_memory = entrypoint_memory  # bytes: Ray starts the job on a node that has them
         self.identity = dict(identity) if identity is not None else None
@@ -414,8 +412,6 @@ class RayJob:
 
     def _submit(self, submission_id: str) -> None:
         options: dict[str, Any] = {}
-        if self.entrypoint_num_cpus is not None:
-            options["entrypoint_num_cpus"] = self.entrypoint_num_cpus
         if self.entrypoint_num_gpus is not None:
             options["entrypoint_num_gpus"] = self.entrypoint_num_gpus
         if self.entrypoint_memory is not None:
@@ -578,10 +574,7 @@ class RayJob:
         record = {"submission_id": self.submission_id, "chars": self._log_offset}
         record["lines"] = self._lines_before + self._lines
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps(record))
-            os.replace(tmp, path)
+            write_json(path, record, indent=None)
         except OSError as exc:  # a full disk must not stop the job being followed; a retry replays more
             logger.warning("could not record the log offset of job %s in %s: %s", self.submission_id, path, exc)
             self.log_offsets_dir = None
@@ -646,44 +639,6 @@ class RayJob:
             message=message,
             metadata=dict(self.metadata),
         )
-
-
-def submit_training(
-    address: str,
-    entrypoint_module: str,
-    config_path: str | Path,
-    pipeline_run_id: str,
-    attempt: int,
-    *,
-    runtime_env: dict[str, Any] | None | Literal["auto"] = "auto",
-    env_vars: dict[str, str] | None = None,
-    headers: dict[str, str] | None = None,
-    log: LogFn | None = None,
-    hang_timeout_s: float | None = None,
-    progress_probe: Callable[[], object] | None = None,
-    python: str = "python",
-    **job_options: Any,
-) -> JobOutcome:
-    """Run ``python -m <entrypoint_module> --config <config_path>`` as this pipeline run's
-    training job and block until it ends. ``config_path`` must be readable where the job runs
-    (the shared mount on a cluster). Raises :class:`JobConfigError` or :class:`RetryableJobError`.
-    """
-    entrypoint = module_entrypoint(entrypoint_module, config_path, python)
-    with RayJob(
-        address,
-        entrypoint,
-        pipeline_run_id=pipeline_run_id,
-        attempt=attempt,
-        stage="train",
-        runtime_env=runtime_env,
-        env_vars=env_vars,
-        headers=headers,
-        log=log,
-        hang_timeout_s=hang_timeout_s,
-        progress_probe=progress_probe,
-        **job_options,
-    ) as job:
-        return job.wait()
 
 
 # --- helpers ------------------------------------------------------------------------------

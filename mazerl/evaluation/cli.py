@@ -14,6 +14,10 @@ import json
 import sys
 from pathlib import Path
 
+from envs.evalset import DEFAULT_EVAL_SET, SPECS, EvalSetError, load
+from mazerl import paths
+from mazerl.cluster.ray_local import check_temp_dir
+from mazerl.preflight import InputError, check_base_model, check_data_root, check_ray_address
 from mazerl.starter.record import RECORD_FILE
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
@@ -67,10 +71,6 @@ def check_eval_flags(args: argparse.Namespace) -> tuple[Path, str, Path]:
 
     The cheap checks come first; reading the model's config imports transformers (and torch).
     """
-    from envs.evalset import DEFAULT_EVAL_SET, SPECS, EvalSetError, load
-    from mazerl import paths
-    from mazerl.preflight import InputError, check_base_model, check_data_root, check_ray_address
-
     for flag, value, minimum in (
         ("--workers", args.workers, 1),
         ("--max-mazes", args.max_mazes, 1),
@@ -109,8 +109,6 @@ def check_eval_flags(args: argparse.Namespace) -> tuple[Path, str, Path]:
         check_ray_address(args.ray_address)
     check_base_model(model, field="--model")
     if args.ray_address is None:
-        from mazerl.cluster.ray_local import check_temp_dir
-
         check_temp_dir()  # last: it makes the (private) directory when it is fine
     return model, eval_set, out
 
@@ -124,7 +122,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from mazerl.evaluation import evaluate
+    from mazerl.evaluation import evaluate  # imports torch and ray: only once the flags are known good
 
     bar = tqdm(total=0, unit="maze", desc=f"eval {model.name} on {eval_set}")
 

@@ -26,8 +26,15 @@ from typing import Any
 
 from envs.evalset import EvalSet
 from envs.evalset import load as load_eval_set
-from mazerl.evaluation.summary import summarize, write_json, write_jsonl
+from envs.maze import optimal_moves
+from mazerl.atomic import write_bytes, write_json, write_jsonl
+from mazerl.cluster.ray_local import local_ray_head, ray_driver
+from mazerl.evaluation.summary import summarize
 from mazerl.evaluation.workers import EvalJob, EvalWorker
+from mazerl.fingerprint import model_fingerprint
+from mazerl.policy.chat import check_context_mode
+from mazerl.policy.loader import ModelLoadError, _check_model_files, check_adapter_dir, check_image_text_to_text
+from mazerl.starter.record import recorded_context_mode
 
 ENGINES = ("hf", "vllm")
 RESULTS_FILE = "results.jsonl"
@@ -58,18 +65,6 @@ class EvalReport:
     eval_set_digest: str
     avg_moves: float | None = None  # moves per maze, solved or not; None in summaries written before it
 
-    def metrics(self) -> dict[str, float]:
-        """MLflow metrics (design section 5 names)."""
-        return {
-            "eval/success_rate": self.success_rate,
-            "eval/success_ci95_low": self.success_ci95[0],
-            "eval/success_ci95_high": self.success_ci95[1],
-            "eval/avg_moves": self.avg_moves if self.avg_moves is not None else 0.0,
-            "eval/parse_failure_rate": self.parse_failure_rate,
-            "eval/budget_ceiling": self.budget_ceiling,
-            "eval/episodes_per_second": self.episodes_per_second,
-        }
-
     @staticmethod
     def from_summary(summary_path: str | os.PathLike) -> EvalReport:
         """Re-read a finished eval (e.g. a cached baseline) from its ``summary.json``."""
@@ -91,15 +86,11 @@ class EvalReport:
 
 def default_history_images(model_dir: Path) -> int | str:
     """How the model expects its context: the starter records it; other models get every frame (the reference)."""
-    from mazerl.starter.record import recorded_context_mode
-
     return recorded_context_mode(model_dir)[0]
 
 
 def default_history_text(model_dir: Path) -> int | str:
     """How much past text the model expects: the starter records it; other models get all of it (the reference)."""
-    from mazerl.starter.record import recorded_context_mode
-
     return recorded_context_mode(model_dir)[1]
 
 
@@ -113,8 +104,6 @@ def _check_arguments(
     threads: int,
     max_new_tokens: int,
 ) -> None:
-    from mazerl.policy.loader import _check_model_files, check_image_text_to_text
-
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r} must be one of {ENGINES} (vllm needs a GPU)")
     for name, value, minimum in (
@@ -129,8 +118,6 @@ def _check_arguments(
     if max_mazes is not None and max_mazes < 1:
         raise ValueError(f"max_mazes={max_mazes} must be >= 1 (or None for the whole set)")
     if not model_dir.is_dir():
-        from mazerl.policy.loader import ModelLoadError
-
         raise ModelLoadError(f"model_dir={str(model_dir)!r} is not a directory; pass a Hugging Face model directory")
     _check_model_files(model_dir)
     check_image_text_to_text(model_dir)
@@ -166,15 +153,11 @@ def evaluate(
     model_dir = Path(model_dir).expanduser().resolve()
     _check_arguments(model_dir, engine, workers, gif_count, max_mazes, chunk_size, threads_per_worker, max_new_tokens)
     if adapter is not None:
-        from mazerl.policy.loader import check_adapter_dir
-
         adapter = check_adapter_dir(adapter)
     mazes = load_eval_set(eval_set)
     count = len(mazes) if max_mazes is None else min(max_mazes, len(mazes))
     history = default_history_images(model_dir) if history_images is None else history_images
     text = default_history_text(model_dir) if history_text is None else history_text
-    from mazerl.policy.chat import check_context_mode
-
     check_context_mode(history, text)
     out_dir = Path(out_dir).expanduser().resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -221,10 +204,8 @@ def _run_on_ray(
 ) -> tuple[list[dict[str, Any]], dict[int, bytes], float, list[dict[str, Any]]]:
     import contextlib
 
-    import ray
+    import ray  # heavy: imported when an eval runs, not when the module is (tasks, CLIs)
     from ray.util import ActorPool
-
-    from mazerl.cluster.ray_local import local_ray_head, ray_driver
 
     started_here = not ray.is_initialized()
     stack = contextlib.ExitStack()
@@ -279,9 +260,7 @@ def _write_gifs(out_dir: Path, rows: list[dict[str, Any]], gifs: dict[int, bytes
     for index in chosen:
         row = by_index[index]
         path = directory / f"maze{index:04d}-{'solved' if row['solved'] else 'failed'}.gif"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(gifs[index])
-        os.replace(tmp, path)
+        write_bytes(path, gifs[index])
         row["gif"] = path.relative_to(out_dir).as_posix()
         paths.append(path)
     return paths
@@ -298,9 +277,6 @@ def _summary(
     out_dir: Path,
     workers: int,
 ) -> dict[str, Any]:
-    from envs.maze import optimal_moves
-    from mazerl.fingerprint import model_fingerprint
-
     # The ceiling of the mazes actually played (the whole set unless max_mazes cut it).
     ceiling = sum(optimal_moves(layout) + 1 <= mazes.max_moves for layout in mazes.layouts[:count]) / count
     return {

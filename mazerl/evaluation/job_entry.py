@@ -14,6 +14,11 @@ import json
 import sys
 import traceback
 
+from envs.evalset import EvalSetError
+from mazerl.evaluation.evaluate import evaluate
+from mazerl.policy.loader import ModelLoadError
+from mazerl.progress import ProgressMeter
+
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG_ERROR = 0, 1, 2
 
 
@@ -21,11 +26,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", required=True, help="eval request (JSON: evaluate()'s keyword arguments)")
     args = parser.parse_args(argv)
-
-    from envs.evalset import EvalSetError
-    from mazerl.evaluation.evaluate import evaluate
-    from mazerl.policy.loader import ModelLoadError
-    from mazerl.progress import ProgressMeter
 
     try:
         with open(args.config) as handle:

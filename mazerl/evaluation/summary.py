@@ -1,4 +1,4 @@
-"""Per-maze result rows -> the eval summary, and atomic writing of both.
+"""Per-maze result rows (written and read back) -> the eval summary.
 
 Success counts only an episode that stopped on the target; a format bonus never counts.
 The success rate comes with a 95% Wilson score interval (sound at 0% and 100% and for
@@ -72,18 +72,10 @@ def summarize(rows: Sequence[dict[str, Any]], budget_ceiling: float) -> dict[str
     }
 
 
-def write_json(path: Path, content: dict[str, Any]) -> Path:
-    """Write JSON under a temporary name, then rename: a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(content, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
+def read_result_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The per-maze rows of a ``results.jsonl`` (:func:`result_row` each), in file order.
 
-
-def write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as handle:
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
-    os.replace(tmp, path)
-    return path
+    The one reader of the file: eval logging, promotion and the benchmarks all call it.
+    A line that is not JSON raises :class:`json.JSONDecodeError`; blank lines are skipped.
+    """
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

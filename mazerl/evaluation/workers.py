@@ -8,13 +8,20 @@ same thread count) and greedy results do not depend on how many workers there ar
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from envs.render import episode_caption
+import torch
+
+from envs.evalset import load as load_eval_set
+from envs.render import episode_caption, episode_gif_bytes
 from mazerl.evaluation.summary import result_row
+from mazerl.policy.engines import GenerationSettings
+from mazerl.policy.episodes import run_episodes
+from mazerl.policy.loader import load_policy, load_processor
+from mazerl.policy.prefix_engine import PrefixCachingEngine
+from mazerl.policy.vision_cache import VisionCache
+from mazerl.policy.vllm_engine import VLLMEngine  # vllm itself is imported only when an engine is built
 
 
 @dataclass(frozen=True)
@@ -42,18 +49,11 @@ class ChunkResult:
 
 def make_engine(job: EvalJob) -> tuple[Any, Any]:
     """(engine, processor) for the job; vLLM is imported only when asked for."""
-    from mazerl.policy.loader import load_policy, load_processor
-
     if job.engine == "hf":
-        from mazerl.policy.prefix_engine import PrefixCachingEngine
-        from mazerl.policy.vision_cache import VisionCache
-
         policy = load_policy(job.model_dir, adapter_dir=job.adapter_dir, device=job.device)
         VisionCache().attach(policy.model)  # eval never changes the weights: encode each frame once
         return PrefixCachingEngine.from_policy(policy), policy.processor
     if job.engine == "vllm":
-        from mazerl.policy.vllm_engine import VLLMEngine
-
         processor = load_processor(job.model_dir)
         return VLLMEngine(job.model_dir, processor, adapter_dir=job.adapter_dir), processor
     raise ValueError(f"engine={job.engine!r} must be 'hf' or 'vllm'")
@@ -63,10 +63,6 @@ class EvalWorker:
     """Holds one loaded policy and plays chunks of the eval set."""
 
     def __init__(self, job: EvalJob) -> None:
-        import torch
-
-        from envs.evalset import load as load_eval_set
-
         torch.set_num_threads(job.threads)
         self.job = job
         self.eval_set = load_eval_set(job.eval_set)
@@ -75,7 +71,7 @@ class EvalWorker:
     def placement(self) -> dict[str, Any]:
         """Where this worker runs (returns once the policy is loaded): the Ray node, the GPUs Ray
         gave it, and the device the engine uses, so a report can show that GPU workers got GPUs."""
-        import ray
+        import ray  # only inside a Ray actor, where ray is already loaded
 
         return {
             "node_id": ray.get_runtime_context().get_node_id(),
@@ -84,9 +80,6 @@ class EvalWorker:
         }
 
     def run(self, indices: list[int]) -> ChunkResult:
-        from mazerl.policy.engines import GenerationSettings
-        from mazerl.policy.episodes import run_episodes
-
         eval_set, job = self.eval_set, self.job
         episodes = run_episodes(
             self.engine,
@@ -106,13 +99,5 @@ class EvalWorker:
         for solved in (True, False):
             chosen = [(i, e) for i, e in zip(indices, episodes, strict=True) if e.solved == solved]
             for index, episode in chosen[: job.gif_candidates]:
-                gifs[index] = gif_bytes(episode.frames, episode_caption(episode.solved, episode.moves))
+                gifs[index] = episode_gif_bytes(episode.frames, caption=episode_caption(episode.solved, episode.moves))
         return ChunkResult(rows=rows, gifs=gifs)
-
-
-def gif_bytes(frames: list, caption: str | None = None) -> bytes:
-    from envs.render import episode_gif
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = episode_gif(frames, Path(tmp) / "episode.gif", caption=caption)
-        return path.read_bytes()

@@ -78,10 +78,17 @@ class InferenceEngine(Protocol):
 
 def stop_ids(model: torch.nn.Module, processor: Any) -> set[int]:
     """The end-of-turn token and the model's configured end-of-sequence tokens."""
+    return stop_ids_from(processor, getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+
+
+def stop_ids_from(processor: Any, configured_eos: int | list[int] | None) -> set[int]:
+    """The end-of-turn token plus ``configured_eos`` (a generation config's ``eos_token_id``: one id, a list or None).
+
+    The one home of the stop set, so the ``hf``, prefix and ``vllm`` engines stop on the same tokens.
+    """
     ids = {end_of_turn_id(processor)}
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if configured is not None:
-        ids |= {int(configured)} if isinstance(configured, int) else {int(i) for i in configured}
+    if configured_eos is not None:
+        ids |= {int(configured_eos)} if isinstance(configured_eos, int) else {int(i) for i in configured_eos}
     return ids
 
 
@@ -89,6 +96,7 @@ def banned_token_ids(processor: Any, stop_ids: list[int]) -> list[int]:
     """Special tokens a reply must never contain: vision placeholders, turn openers (all but the stop tokens).
 
     An ``<|image_pad|>`` in a reply would enter the next context as an image without a frame.
+    The one home of the set: the ``hf``, prefix and ``vllm`` engines all ban these.
     """
     special = {int(i) for i, token in processor.tokenizer.added_tokens_decoder.items() if token.special}
     return sorted(special - set(stop_ids))

@@ -8,8 +8,9 @@ context, so a batch of 128 rollouts costs 15 batched calls, not 1,920 single one
 Every turn records exactly the context the policy was given (token ids and frames, see
 ``chat.render``) and the ids it produced, which is what the trainer scores. An episode
 ends when the policy says stop or the move budget is spent; unparseable replies cost a
-move. ``solved`` counts only a stop on the target; a training format bonus goes into
-``reward`` and never into ``solved``.
+move. ``solved`` counts only a stop on the target; a training format bonus
+(:func:`envs.reward.episode_reward`, the skyrl-gym adapter's rule too) goes into ``reward``
+and never into ``solved``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from envs.maze import ActionFormat, Layout, MazeEnv, optimal_moves
+from envs.reward import check_format_bonus, episode_reward
 from mazerl.policy.chat import (
     Conversation,
     HistoryImages,
@@ -33,7 +35,6 @@ from mazerl.policy.engines import (
     GenerationRequest,
     GenerationResult,
     GenerationSettings,
-    HFEngine,
     InferenceEngine,
 )
 
@@ -86,7 +87,7 @@ class _Running:
 
 
 def run_episodes(
-    engine: InferenceEngine | torch.nn.Module,
+    engine: InferenceEngine,
     processor: object,
     layouts: Sequence[Layout],
     settings: GenerationSettings,
@@ -103,17 +104,16 @@ def run_episodes(
 ) -> list[Episode]:
     """Play every layout once with the policy behind ``engine``; episodes come back in input order.
 
-    ``engine`` may be a bare ``transformers`` model, which is then wrapped in an
-    :class:`HFEngine`. ``settings.seed`` (if set) is combined with the turn index, so a
+    ``engine`` is an :class:`~mazerl.policy.engines.InferenceEngine` (wrap a bare model in
+    :class:`~mazerl.policy.engines.HFEngine`). ``settings.seed`` (if set) is combined with the turn index, so a
     sampled batch is reproducible on CPU. ``on_turn(turn, active)`` is called before each
     turn's generation (for progress output).
     """
-    if isinstance(engine, torch.nn.Module):
-        engine = HFEngine(engine, processor)
+    if isinstance(engine, torch.nn.Module):  # a transformers model has a generate() too, with another signature
+        raise TypeError(f"engine is a bare {type(engine).__name__}; pass an engine, e.g. HFEngine(model, processor)")
     check_history_images(history_images)
     check_history_text(history_text)
-    if format_bonus < 0:
-        raise ValueError(f"format_bonus={format_bonus} must be >= 0 (0 disables it)")
+    check_format_bonus(format_bonus)
     if maze_ids is not None and len(maze_ids) != len(layouts):
         raise ValueError(f"maze_ids has {len(maze_ids)} entries for {len(layouts)} layouts; give one per layout")
     running = [_start(layout, max_moves, action_format, cell_px, keep_frames) for layout in layouts]
@@ -159,9 +159,9 @@ def _advance(
         episode.frames.append(frame)
     episode.done = terminated or truncated
     if episode.done:
-        parsed_share = sum(turn.parse_ok for turn in episode.turns) / len(episode.turns)
+        parsed = sum(turn.parse_ok for turn in episode.turns)
         episode.solved = reward > 0  # the env pays 1.0 only for a stop on the target
-        episode.reward = float(reward) + format_bonus * parsed_share
+        episode.reward = episode_reward(reward, parsed, len(episode.turns), format_bonus)
     else:
         episode.conversation.add_observation(info["feedback"], frame)
 

@@ -28,8 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from mazerl.policy.chat import ChatError, end_of_turn_id, image_token_id
-from mazerl.policy.engines import GenerationRequest, GenerationResult, GenerationSettings
+from mazerl.policy.chat import ChatError, image_token_id
+from mazerl.policy.engines import (
+    GenerationRequest,
+    GenerationResult,
+    GenerationSettings,
+    banned_token_ids,
+    stop_ids_from,
+)
 
 LORA_NAME = "policy"
 # vLLM's LoRA slots: max_lora_rank must be one of these (vllm.config.LoRAConfig).
@@ -76,20 +82,9 @@ def vllm_prompt(request: GenerationRequest, image_pad_id: int) -> dict[str, Any]
 
 def stop_token_ids(processor: Any, model_dir: str | os.PathLike) -> list[int]:
     """End-of-turn plus the model's configured EOS ids: the ``hf`` engine's stop set."""
-    ids = {end_of_turn_id(processor)}
     path = Path(model_dir) / "generation_config.json"
-    if path.is_file():
-        configured = json.loads(path.read_text()).get("eos_token_id")
-        if configured is not None:
-            ids |= {int(configured)} if isinstance(configured, int) else {int(i) for i in configured}
-    return sorted(ids)
-
-
-def banned_token_ids(processor: Any, stop_ids: list[int]) -> list[int]:
-    """Special tokens a reply must never contain (vision placeholders, turn openers); the ``hf`` engine's set."""
-    tokenizer = processor.tokenizer
-    special = {int(i) for i, token in tokenizer.added_tokens_decoder.items() if token.special}
-    return sorted(special - set(stop_ids))
+    configured = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+    return sorted(stop_ids_from(processor, configured))
 
 
 def sampling_kwargs(

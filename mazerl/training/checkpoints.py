@@ -10,7 +10,7 @@
         trainer_state.pt               global step, config, data order, base-model fingerprint
         metrics.json                   the step's metrics row (local backend), replayed on resume if missing
         policy/lora_adapter/           PEFT adapter (adapter_config.json + adapter_model.safetensors)
-        policy/optimizer.pt, scheduler.pt, rng_state.pt   (local backend)
+        policy/optimizer.pt, rng_state.pt   (local backend; older checkpoints also hold an unused scheduler.pt)
 
 The local backend builds a checkpoint in a temporary directory and renames it into place,
 then rewrites the marker by rename; SkyRL writes in place and the marker last. Either way a
@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from mazerl.atomic import install_dir, temporary_sibling, write_text
 from mazerl.fingerprint import mismatch, model_fingerprint
 
 MARKER = "latest_ckpt_global_step.txt"
@@ -100,15 +101,6 @@ def latest(root: Path) -> Checkpoint | None:
     return checkpoint
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 def save(
     root: Path, step: int, write: Callable[[Path], None], keep: int, metrics: dict[str, float] | None = None
 ) -> Checkpoint:
@@ -121,7 +113,7 @@ def save(
     """
     root = Path(root)
     final = step_dir(root, step)
-    tmp = root / f".{final.name}.tmp-{os.getpid()}"
+    tmp = temporary_sibling(final)
     try:
         root.mkdir(parents=True, exist_ok=True)
         for stale in root.glob(f".{final.name}.tmp-*"):
@@ -131,10 +123,8 @@ def save(
         verify(tmp)
         if metrics is not None:
             (tmp / METRICS).write_text(json.dumps(metrics))
-        if final.exists():  # left by a crash between rename and marker: never trusted, replace it
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _write_text_atomic(root / MARKER, str(step))
+        install_dir(tmp, final)  # a step dir left by a crash between rename and marker is never trusted: replaced
+        write_text(root / MARKER, str(step), fsync=True)
     except CheckpointError:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -209,7 +199,7 @@ def record_base_model(root: Path, base_model: Path) -> str:
     if recorded is None:
         root.mkdir(parents=True, exist_ok=True)
         record = {"fingerprint": fingerprint, "base_model": str(base_model)}
-        _write_text_atomic(root / BASE_MODEL_RECORD, json.dumps(record, indent=2) + "\n")
+        write_text(root / BASE_MODEL_RECORD, json.dumps(record, indent=2) + "\n", fsync=True)
     return fingerprint
 
 

@@ -19,6 +19,11 @@ import traceback
 
 import yaml
 
+from mazerl.cluster.metrics import TrainingMetrics
+from mazerl.training.checkpoints import CheckpointError, CheckpointWriteError
+from mazerl.training.config import load_config
+from mazerl.training.local_trainer import LocalGRPOTrainer, TrainingConfigError
+
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG_ERROR = 0, 1, 2
 
 
@@ -31,8 +36,6 @@ class StepSink:
     (the ``ray_mazerl_train_*`` gauges of the Grafana dashboard)."""
 
     def __init__(self, logger, run_id: str) -> None:
-        from mazerl.cluster.metrics import TrainingMetrics
-
         self.logger = logger
         if os.environ.get("RAY_ADDRESS") and os.environ.get("MAZERL_RAY_METRICS", "1") == "1":
             _connect_to_ray()
@@ -75,10 +78,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="training config file (JSON or YAML)")
     args = parser.parse_args(argv)
 
-    from mazerl.training.checkpoints import CheckpointError, CheckpointWriteError
-    from mazerl.training.config import load_config
-    from mazerl.training.local_trainer import LocalGRPOTrainer, TrainingConfigError
-
     try:
         config = load_config(args.config)
         if config.backend != "local":
@@ -88,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"configuration error: {exc}")
         return EXIT_CONFIG_ERROR
 
-    from mazerl.tracking.metrics import MetricsLogger
+    from mazerl.tracking.metrics import MetricsLogger  # mlflow is heavy: imported once the config is known good
 
     run_id = config.mlflow.run_id or os.environ.get("MLFLOW_RUN_ID")
     tracking_uri = config.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or config.tracking_uri

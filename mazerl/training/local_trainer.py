@@ -13,14 +13,17 @@ One step, in the order the loop runs:
   4. update    ``update_epochs`` passes of the clipped surrogate over every turn of every
                episode (loss only on reply tokens; each turn scored in exactly the context,
                images included, that the rollout showed the policy); grad clip; AdamW step;
-  5. log       step metrics to MLflow (and metrics.jsonl), optional greedy eval;
-  6. checkpoint every ``checkpoint_interval`` steps and at the end, atomically.
+  5. eval      optional greedy eval every ``eval_interval`` steps;
+  6. checkpoint every ``checkpoint_interval`` steps and at the end, atomically, the step's
+               metrics row included (a crash before the row is logged loses nothing);
+  7. log       step metrics to MLflow (and metrics.jsonl) and the ``step N/M:`` line.
 
 Simplifications of GRPO as SkyRL runs it, said plainly: mini-batches (``mini_batch_mazes``,
 SkyRL's policy_mini_batch_size) count only mazes whose group has an advantage; no KL term
 unless ``grpo.kl_coef > 0`` (then the reference policy is the base model with the adapter
 disabled); the rollout log-probs are recomputed by the trainer instead of being taken from
-the sampler, so ``ratio == 1`` exactly on the first pass.
+the sampler, so ``ratio == 1`` exactly on the first pass; the learning rate is constant (SkyRL's
+default), so there is no scheduler.
 
 Determinism: every source of randomness of step N is seeded from ``(seed, N)``, so a run
 resumed from the checkpoint of step N reproduces an uninterrupted run bit for bit on CPU
@@ -31,7 +34,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import random
 import time
 from collections.abc import Callable
@@ -44,7 +46,12 @@ import torch
 
 from envs.evalset import load as load_eval_set
 from envs.pool import training_pool
+from mazerl.atomic import write_jsonl, write_text
+from mazerl.evaluation.summary import result_row
 from mazerl.fingerprint import model_fingerprint
+from mazerl.policy.engines import GenerationSettings
+from mazerl.policy.episodes import Episode, run_episodes
+from mazerl.policy.loader import load_policy
 from mazerl.policy.prefix_engine import PrefixCachingEngine
 from mazerl.policy.vision_cache import VisionCache
 from mazerl.progress import ProgressMeter
@@ -52,6 +59,7 @@ from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, save_config
 from mazerl.training.data import epoch_of_step, step_indices
 from mazerl.training.grpo import LOSS_REDUCTIONS, clipped_surrogate, group_advantages, k3_kl
+from mazerl.training.progress import step_line
 from mazerl.training.scoring import PackedScorer, TurnSample, reply_mask
 
 
@@ -107,7 +115,7 @@ def language_model_lora_pattern(target_modules: tuple[str, ...]) -> str:
 
 def attach_lora(model: torch.nn.Module, config: TrainConfig, adapter_dir: Path | None = None) -> torch.nn.Module:
     """Wrap the base model with a fresh or saved LoRA adapter (trainable), vision frozen."""
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import LoraConfig, PeftModel, get_peft_model  # heavy: imported when a run builds its model
 
     if adapter_dir is not None:
         model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
@@ -186,6 +194,14 @@ class LocalGRPOTrainer:
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         self.base_fingerprint = model_fingerprint(config.base_model)
+        # Built by _build once a run knows where it resumes from (the model is the expensive part).
+        self.processor: Any = None
+        self.model: Any = None  # the PEFT-wrapped policy
+        self.vision_cache: VisionCache | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        # The last rollout's engine and update's scorer, for tests and bench/train_step.py to inspect.
+        self.last_engine: Any = None
+        self.last_scorer: Any = None
 
     # ---- set-up and resume -----------------------------------------------------------
 
@@ -221,8 +237,6 @@ class LocalGRPOTrainer:
         return latest
 
     def _build(self, resume_from: checkpoints.Checkpoint | None) -> None:
-        from mazerl.policy.loader import load_policy
-
         seed_everything(self.config.seed)
         policy = load_policy(self.config.base_model, device=self.device)
         self.processor = policy.processor
@@ -238,19 +252,15 @@ class LocalGRPOTrainer:
         self.optimizer = torch.optim.AdamW(
             params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay, betas=(0.9, 0.999)
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda _: 1.0
-        )  # constant, as SkyRL's default
+        # The learning rate is constant (SkyRL's default): no scheduler. Checkpoints written before
+        # this held a no-op scheduler.pt, which resume ignores (it never changed the rate).
         if resume_from is not None:
             policy_dir = resume_from.path / "policy"
             self.optimizer.load_state_dict(torch.load(policy_dir / "optimizer.pt", weights_only=True))
-            self.scheduler.load_state_dict(torch.load(policy_dir / "scheduler.pt", weights_only=True))
 
     # ---- one step --------------------------------------------------------------------
 
-    def _rollout(self, step: int) -> list[Any]:
-        from mazerl.policy.engines import GenerationSettings
-
+    def _rollout(self, step: int) -> list[Episode]:
         config = self.config
         indices = step_indices(step, config.mazes_per_step, len(self.pool), config.seed)
         settings = GenerationSettings(
@@ -268,10 +278,8 @@ class LocalGRPOTrainer:
             format_bonus=config.grpo.format_bonus,
         )
 
-    def _play(self, layouts: list[Any], settings: Any, max_moves: int, **options: Any) -> list[Any]:
+    def _play(self, layouts: list[Any], settings: GenerationSettings, max_moves: int, **options: Any) -> list[Episode]:
         """Episodes of the current policy (adapter merged into a copy) on ``layouts``, batched per turn."""
-        from mazerl.policy.episodes import run_episodes
-
         engine = self.engine_class(self._inference_model(), self.processor, max_batch_size=256)
         with torch.no_grad():
             episodes = run_episodes(
@@ -304,16 +312,12 @@ class LocalGRPOTrainer:
         Per-maze rows (as the eval stage's results.jsonl) go to ``<run>/evals/step_<N>.jsonl``, so
         a run's curve can be compared maze by maze with its baseline.
         """
-        from mazerl.evaluation.summary import result_row, write_jsonl
-        from mazerl.policy.engines import GenerationSettings
-
         config = self.config
         layouts = list(self.eval_set.layouts[: config.eval_mazes or len(self.eval_set)])
         settings = GenerationSettings(greedy=True, max_new_tokens=config.grpo.max_new_tokens)
         maze_ids = [f"{self.eval_set.name}/{i}" for i in range(len(layouts))]
         episodes = self._play(layouts, settings, self.eval_set.max_moves, maze_ids=maze_ids)
         rows = [result_row(i, self.eval_set.seeds[i], e) for i, e in enumerate(episodes)]
-        (config.run_dir / "evals").mkdir(parents=True, exist_ok=True)
         write_jsonl(config.run_dir / "evals" / f"step_{step:05d}.jsonl", rows)
         solved = [e for e in episodes if e.solved]
         return {
@@ -322,7 +326,7 @@ class LocalGRPOTrainer:
             "eval/parse_failure_rate": sum(e.parse_failures for e in episodes) / max(sum(e.moves for e in episodes), 1),
         }
 
-    def _samples(self, episodes: list[Any]) -> list[TurnSample]:
+    def _samples(self, episodes: list[Episode]) -> list[TurnSample]:
         rewards = [episode.reward for episode in episodes]
         advantages = group_advantages(rewards, [episode.maze_id for episode in episodes])
         return [
@@ -383,7 +387,6 @@ class LocalGRPOTrainer:
                     clipped_tokens += float((was_clipped * mask).sum())
                 grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)))
                 self.optimizer.step()
-                self.scheduler.step()
             losses.append(epoch_loss)
             clip_fracs.append(clipped_tokens / token_count)
             kls.append(kl_sum / token_count)
@@ -408,7 +411,6 @@ class LocalGRPOTrainer:
             self.model.save_pretrained(str(adapter), safe_serialization=True)
             policy_dir = path / "policy"
             torch.save(self.optimizer.state_dict(), policy_dir / "optimizer.pt")
-            torch.save(self.scheduler.state_dict(), policy_dir / "scheduler.pt")
             torch.save(rng_state(), policy_dir / "rng_state.pt")
             checkpoints.save_trainer_state(
                 path,
@@ -478,20 +480,15 @@ class LocalGRPOTrainer:
                 "train/step_seconds": time.perf_counter() - step_started,
                 "train/epoch": float(epoch_of_step(step, config.mazes_per_step, len(self.pool))),
             }
-            if config.eval_interval and step % config.eval_interval == 0:
+            if config.eval_interval and step % config.eval_interval == 0:  # 5. eval
                 metrics.update(self._greedy_eval(step))
             if step % config.checkpoint_interval == 0 or step == config.steps:  # 6. checkpoint
                 ckpt_started = time.perf_counter()
                 last_checkpoint = self._save(step, metrics)  # the row goes into the checkpoint too
                 metrics["train/checkpoint_seconds"] = time.perf_counter() - ckpt_started
-            if metrics_sink is not None:  # 5. log
+            if metrics_sink is not None:  # 7. log
                 metrics_sink.log(step, metrics)
-            self.log(
-                f"step {step}/{config.steps}: reward {metrics['train/reward_mean']:.3f} "
-                f"success {metrics['train/success_rate']:.3f} loss {metrics['train/policy_loss']:+.4f} "
-                f"({metrics['train/step_seconds']:.1f}s: rollout {rollout_seconds:.1f}s, update {update_seconds:.1f}s); "
-                + meter.times(step)
-            )
+            self.log(step_line(step, config.steps, metrics, meter.times(step)))
         return self._finish(start_step, config.steps, last_checkpoint, started)
 
     def _finish(
@@ -506,8 +503,5 @@ class LocalGRPOTrainer:
             checkpoint=str(checkpoint.path) if checkpoint else None,
             wall_seconds=time.perf_counter() - started,
         )
-        path = self.config.run_dir / "train_result.json"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(result.to_json())
-        os.replace(tmp, path)
+        write_text(self.config.run_dir / "train_result.json", result.to_json())
         return result

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from mazerl.policy.chat import model_inputs
 from mazerl.training.scoring import Chunk, TurnSample, length_batches, reply_mask
 
 
@@ -26,8 +27,6 @@ def reply_log_probs(
     temperature: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs of each sample's reply, (B, R) with mask (B, R), R = longest reply."""
-    from mazerl.policy.chat import model_inputs
-
     sequences = [s.input_ids + s.response_ids for s in samples]
     inputs = model_inputs(processor, sequences, [s.images for s in samples], padding_side="left")
     inputs = {k: v.to(device) if hasattr(v, "to") else v for k, v in inputs.items()}

@@ -33,7 +33,11 @@ SKYRL_STEP_KEY = "trainer/global_step"
 
 def step_line(step: int, total: int, metrics: Mapping[str, Any], times: str | None = None) -> str:
     """``step 3/160: reward 0.512 success 0.438 (52.1s); 02:36 elapsed, 2:15:24 left``, from the metric
-    names of design section 5; ``times`` (:meth:`mazerl.progress.ProgressMeter.times`) ends it."""
+    names of design section 5; ``times`` (:meth:`mazerl.progress.ProgressMeter.times`) ends it.
+
+    The one writer of the line (both backends call it). Where the step's rollout and update
+    seconds are known they go inside the brackets: ``(52.1s: rollout 40.0s, update 12.1s)``.
+    """
     parts = [f"step {step}/{total}:"]
     for label, key, spec in (
         ("reward", "train/reward_mean", ".3f"),
@@ -43,7 +47,9 @@ def step_line(step: int, total: int, metrics: Mapping[str, Any], times: str | No
         if isinstance(metrics.get(key), int | float):
             parts.append(f"{label} {metrics[key]:{spec}}")
     if isinstance(metrics.get("train/step_seconds"), int | float):
-        parts.append(f"({metrics['train/step_seconds']:.1f}s)")
+        split = ("rollout", "train/rollout_seconds"), ("update", "train/update_seconds")
+        detail = [f"{label} {metrics[key]:.1f}s" for label, key in split if isinstance(metrics.get(key), int | float)]
+        parts.append(f"({metrics['train/step_seconds']:.1f}s{': ' + ', '.join(detail) if detail else ''})")
     return " ".join(parts) + (f"; {times}" if times else "")
 
 

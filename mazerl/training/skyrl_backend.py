@@ -36,6 +36,7 @@ from envs.evalset import EvalSet
 from envs.evalset import load as load_eval_set
 from envs.pool import training_pool
 from envs.skyrl_env import ENV_ID
+from mazerl.atomic import temporary_sibling, write_text
 from mazerl.training.config import TrainConfig
 
 SCHEMA_PATH = Path(__file__).with_name("skyrl_schema.json")
@@ -330,9 +331,9 @@ def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
     import pyarrow.parquet as pq
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temporary_sibling(path)
     pq.write_table(pa.Table.from_pylist(rows), tmp)
-    os.replace(tmp, path)
+    os.replace(tmp, path)  # pyarrow writes to a path of its own: atomic.write_bytes would need the bytes in memory
 
 
 def write_datasets(config: TrainConfig) -> SkyrlRunFiles:
@@ -345,10 +346,7 @@ def write_datasets(config: TrainConfig) -> SkyrlRunFiles:
 
 
 def save_overrides(overrides: Mapping[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(dict(overrides), indent=2, sort_keys=True))
-    os.replace(tmp, path)
+    write_text(path, json.dumps(dict(overrides), indent=2, sort_keys=True))
 
 
 def add_metric_aliases(metrics: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Engines without a model: the solver reading the frame, and a fixed reply.
+"""Test engines without a model: the solver reading the frame, and a fixed reply.
 
 They implement :class:`~mazerl.policy.engines.InferenceEngine`, so the episode runner and
 the eval stage can be checked end to end where a model's answers would be unknown: the
