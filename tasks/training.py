@@ -12,7 +12,6 @@ from mazerl.cluster.submitter import META_IDENTITY_PREFIX
 from mazerl.params import PipelineParams
 from mazerl.tracking.lineage import log_config_file, log_params, stage_run
 from mazerl.training import checkpoints
-from mazerl.training.config import save_config
 from mazerl.training.progress import TrainingProgress
 from tasks.context import RunContext
 from tasks.jobs import retry_on_infrastructure, run_stage_job
@@ -42,8 +41,8 @@ def train(run: RunContext, params: PipelineParams) -> TrainOutcome:
     """Submit the backend's entrypoint; a retry resubmits and the job resumes from the marker's step."""
     logger = get_run_logger()
     run_id = run.stage_run_id("train")
-    config = params.train_config(run.run_id, run.base_model, mlflow_run_id=run_id)
-    config_path = save_config(config, run.run_dir / "train_config.json")
+    config = run.training()  # the job finds its MLflow run in MLFLOW_RUN_ID (env_vars below)
+    config_path = run.train_config
     progress_id = create_progress_artifact(0.0, key="train-progress", description=f"GRPO steps of {run.run_id}")
     # One reading of progress for the hang watchdog and the artifact: the step lines both
     # backends print, and the checkpoint marker on the shared mount.
