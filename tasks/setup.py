@@ -11,7 +11,6 @@ from prefect import get_run_logger, task
 from prefect.runtime import deployment, flow_run
 
 from envs.evalset import load as load_eval_set
-from mazerl import paths
 from mazerl.cluster.ray_local import ensure_local_head
 from mazerl.fingerprint import model_fingerprint
 from mazerl.params import EvalParams, PipelineParams
@@ -20,7 +19,7 @@ from mazerl.preflight import InputError, check_pipeline_inputs, check_tracking_u
 from mazerl.tracking.eval_runs import start_eval_run
 from mazerl.tracking.lineage import start_pipeline_run
 from mazerl.tracking.registry import model_version_dir
-from mazerl.training.config import TrainConfig, save_config
+from mazerl.training.config import TrainConfig
 from mazerl.training.recipes import PIPELINE_SET_TRAINING_FIELDS
 from tasks.context import RunContext
 
@@ -55,9 +54,8 @@ def prepare(params: PipelineParams) -> RunContext:
     else:
         base_model = Path(params.base_model).expanduser().resolve()
     address = cluster_address(params.ray_address, logger.info)
-    # the run's training config, resolved once: every stage that needs it reads this file
+    # the run's training config, resolved once: every stage that needs it gets it from the context
     config = params.train_config(run_id, base_model)
-    config_path = save_config(config, paths.run_dir(root, run_id) / "train_config.json")
     runs = start_pipeline_run(
         params.resolved_tracking_uri(),
         params.experiment,
@@ -81,7 +79,7 @@ def prepare(params: PipelineParams) -> RunContext:
         eval_set=params.resolved_eval_set(),
         stage_run_ids={},  # each stage opens (or, on a retry, finds) its own run when it starts
         pipeline_run_id=runs.parent_run_id,
-        train_config=config_path,
+        train_config=config,
     )
 
 

@@ -12,6 +12,7 @@ from mazerl.cluster.submitter import META_IDENTITY_PREFIX
 from mazerl.params import PipelineParams
 from mazerl.tracking.lineage import log_config_file, log_params, stage_run
 from mazerl.training import checkpoints
+from mazerl.training.config import save_config
 from mazerl.training.progress import TrainingProgress
 from tasks.context import RunContext
 from tasks.jobs import retry_on_infrastructure, run_stage_job
@@ -41,8 +42,9 @@ def train(run: RunContext, params: PipelineParams) -> TrainOutcome:
     """Submit the backend's entrypoint; a retry resubmits and the job resumes from the marker's step."""
     logger = get_run_logger()
     run_id = run.stage_run_id("train")
-    config = run.training()  # the job finds its MLflow run in MLFLOW_RUN_ID (env_vars below)
-    config_path = run.train_config
+    config = run.training()
+    config = config.model_copy(update={"mlflow": config.mlflow.model_copy(update={"run_id": run_id})})
+    config_path = save_config(config, run.run_dir / "train_config.json")  # where the job reads it
     progress_id = create_progress_artifact(0.0, key="train-progress", description=f"GRPO steps of {run.run_id}")
     # One reading of progress for the hang watchdog and the artifact: the step lines both
     # backends print, and the checkpoint marker on the shared mount.

@@ -364,13 +364,14 @@ TRAIN_STAGE_SCRIPT = textwrap.dedent(
     from pathlib import Path
     from prefect import flow
     from mazerl.params import PipelineParams
+    from mazerl.training.config import TrainConfig
     from tasks.context import RunContext
     from tasks.training import train
 
     spec = json.loads(sys.argv[1])
     context = RunContext(**spec["context"] | {"root": Path(spec["context"]["root"]),
                                               "base_model": Path(spec["context"]["base_model"]),
-                                              "train_config": Path(spec["context"]["train_config"])})
+                                              "train_config": TrainConfig.model_validate(spec["context"]["train_config"])})
 
     @flow
     def orchestrator():
@@ -383,7 +384,6 @@ TRAIN_STAGE_SCRIPT = textwrap.dedent(
 
 def stage_context(root: Path, model: Path, address: str, run_id: str, flow_run_id: str, params: PipelineParams):
     from mazerl.tracking.lineage import default_tracking_uri, start_pipeline_run
-    from mazerl.training.config import save_config
     from tasks.context import RunContext
 
     uri = default_tracking_uri(root)
@@ -398,8 +398,7 @@ def stage_context(root: Path, model: Path, address: str, run_id: str, flow_run_i
         eval_set="maze256-small-v1",
         stage_run_ids=runs.stage_run_ids,
         pipeline_run_id=runs.parent_run_id,
-        # what prepare resolves and writes for the stages
-        train_config=save_config(params.train_config(run_id, model), root / "runs" / run_id / "train_config.json"),
+        train_config=params.train_config(run_id, model),  # what prepare resolves for the stages
     )
 
 
@@ -432,7 +431,8 @@ def test_rehearsal_no_gpu_a_new_flow_run_reattaches_to_the_same_training_and_ref
     script = tmp_path / "train_stage.py"
     script.write_text(TRAIN_STAGE_SCRIPT)
     spec = {
-        "context": {k: str(v) if isinstance(v, Path) else v for k, v in vars(first).items()},
+        "context": {k: str(v) if isinstance(v, Path) else v for k, v in vars(first).items()}
+        | {"train_config": first.train_config.model_dump(mode="json")},
         "params": params.model_dump(mode="json"),
     }
     env = os.environ | {"PREFECT_API_URL": prefect_api["url"], "RAY_AUTH_TOKEN_PATH": str(cluster.head.token_path)}

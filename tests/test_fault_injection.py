@@ -517,7 +517,6 @@ def test_ray_head_gone_when_the_train_stage_starts_is_a_retryable_error_naming_t
     from mazerl.cluster.errors import RetryableJobError
     from mazerl.params import PipelineParams
     from mazerl.tracking.lineage import default_tracking_uri, start_pipeline_run
-    from mazerl.training.config import save_config
     from tasks.context import RunContext
     from tasks.jobs import retry_on_infrastructure
     from tasks.training import train
@@ -541,10 +540,7 @@ def test_ray_head_gone_when_the_train_stage_starts_is_a_retryable_error_naming_t
         eval_set="maze256-small-v1",
         stage_run_ids=runs.stage_run_ids,
         pipeline_run_id=runs.parent_run_id,
-        train_config=save_config(
-            params.train_config("gone-head", Path(starter_model_dir)),
-            mlflow_root / "runs" / "gone-head" / "train_config.json",
-        ),
+        train_config=params.train_config("gone-head", Path(starter_model_dir)),
     )
 
     @flow

@@ -120,7 +120,7 @@ def test_full_flow_leaves_runs_metrics_artifacts_registry_and_prefect_artifacts(
     versions = client.search_model_versions("name = 'maze-vlm'")
     assert [v.run_id for v in versions] == [runs["merge_lora"].info.run_id]
     assert checkpoints.read_marker(mlflow_root / "runs" / summary.run_id / "checkpoints") == 2
-    # the training config prepare resolved once, in the run directory, is the one the job trained with
+    # the training config prepare resolved once is the one the job trained with (and the one logged)
     resolved = load_config(mlflow_root / "runs" / summary.run_id / "train_config.json")
     assert (resolved.run_id, resolved.steps, resolved.lora.rank) == (summary.run_id, 2, 4)
     assert params["training.learning_rate"] == str(resolved.learning_rate)
