@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     body = f"""## The embedded learning result (`make run`)
 
 The starter (`maze-starter-v1`) trained by GRPO with the embedded recipe
-(`mazerl.params.EMBEDDED_TRAINING`): {config["steps"]} steps of {config["mazes_per_step"]} mazes x
+(`mazerl.training.recipes.EMBEDDED_TRAINING`): {config["steps"]} steps of {config["mazes_per_step"]} mazes x
 {grpo["samples_per_maze"]} samples, learning rate {config["learning_rate"]:g}, update epochs per step:
 {grpo["update_epochs"]}, temperature {grpo["temperature"]:g}, LoRA rank {config["lora"]["rank"]}, frames in the
 context: {config["history_images"]}, move budget: {config["max_turns"]}. Baseline and final: greedy on every

@@ -1,6 +1,6 @@
 """The embedded recipe's learning result over several seeds: curve, paired test, spread, failure kinds.
 
-    # one training run per seed, without Prefect (the recipe: mazerl.params.EMBEDDED_TRAINING)
+    # one training run per seed, without Prefect (the recipe: mazerl.training.recipes.EMBEDDED_TRAINING)
     python bench/learning_result.py train --model DIR --root /tmp/recipe --seeds 0 1 2
     # the report from those runs (baseline computed here, greedy, on all 256 mazes)
     python bench/learning_result.py report --model DIR --root /tmp/recipe --seeds 0 1 2
@@ -40,11 +40,11 @@ def run_dir(root: Path, seed: int) -> Path:
 
 
 def train(args: argparse.Namespace) -> None:
-    from mazerl.params import EMBEDDED_TRAINING, _deep_merge
     from mazerl.training.config import TrainConfig, save_config
+    from mazerl.training.recipes import EMBEDDED_TRAINING, deep_merge
 
     for seed in args.seeds:
-        values = _deep_merge(EMBEDDED_TRAINING, json.loads(args.training))
+        values = deep_merge(EMBEDDED_TRAINING, json.loads(args.training))
         values |= {
             "run_id": f"recipe-seed{seed}",
             "seed": seed,
@@ -105,8 +105,8 @@ def kinds_of(rows: list[dict]) -> dict[str, int]:
 
 def report(args: argparse.Namespace) -> None:
     from envs.evalset import load as load_eval_set
+    from mazerl.evaluation.summary import exact_mcnemar_p
     from mazerl.tracking.curves import GREEDY_KEY, history_from_jsonl
-    from tasks.promote import exact_mcnemar_p
 
     base = baseline_rows(args.model, args.root / "baseline_rows.jsonl")
     base_solved = [r["solved"] for r in sorted(base, key=lambda r: r["index"])]
@@ -162,7 +162,7 @@ def report(args: argparse.Namespace) -> None:
             f"## The embedded recipe over {len(runs)} training seed{'s' if len(runs) > 1 else ''} "
             "(`bench/learning_result.py`)",
             "",
-            f"`mazerl.params.EMBEDDED_TRAINING`: {config['steps']} steps of {config['mazes_per_step']} mazes x "
+            f"`mazerl.training.recipes.EMBEDDED_TRAINING`: {config['steps']} steps of {config['mazes_per_step']} mazes x "
             f"{grpo['samples_per_maze']} samples, {grpo['update_epochs']} clipped epochs per batch (clip "
             f"{grpo['clip_low']}), learning rate {config['learning_rate']:g}, temperature {grpo['temperature']:g}, "
             f"LoRA rank {config['lora']['rank']} on the language model (vision frozen), {config['torch_threads']} torch "

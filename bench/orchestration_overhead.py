@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.report import write_section  # noqa: E402
-from mazerl.params import MINIATURE_TRAINING  # noqa: E402
+from mazerl.training.recipes import MINIATURE_TRAINING  # noqa: E402
 
 STAGE_OF_JOB = {"verify": "verify_cluster", "baseline": "baseline_eval", "train": "train", "final": "final_eval"}
 

@@ -2,7 +2,7 @@
 
     python bench/train_step.py --model .mazerl/models/maze-starter-v2 [--steps 2]
 
-At the embedded recipe's settings (mazerl.params.EMBEDDED_TRAINING: 16 mazes x 8 samples),
+At the embedded recipe's settings (mazerl.training.recipes.EMBEDDED_TRAINING: 16 mazes x 8 samples),
 each measured step runs three ways from the same weights (restored in between, so every
 variant sees the same policy and the same mazes):
 
@@ -35,12 +35,12 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 import torch  # noqa: E402
 
 from bench.report import write_section  # noqa: E402
-from mazerl.params import EMBEDDED_TRAINING  # noqa: E402
 from mazerl.policy.engines import HFEngine  # noqa: E402
 from mazerl.policy.prefix_engine import PrefixCachingEngine  # noqa: E402
 from mazerl.training.config import TrainConfig  # noqa: E402
 from mazerl.training.local_trainer import LocalGRPOTrainer, seed_everything, step_seed  # noqa: E402
 from mazerl.training.per_turn_oracle import PerTurnScorer  # noqa: E402
+from mazerl.training.recipes import EMBEDDED_TRAINING  # noqa: E402
 from mazerl.training.scoring import PackedScorer  # noqa: E402
 
 VARIANTS = {  # name -> (engine, scorer, history_text override or None for the recipe's)

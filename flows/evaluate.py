@@ -9,7 +9,7 @@ from __future__ import annotations
 from prefect import flow
 
 from mazerl.params import EvalParams
-from tasks.evaluation import EvalSettings, final_eval, record_eval
+from tasks.evaluation import EvalSettings, eval_only
 from tasks.setup import prepare_eval
 
 
@@ -18,5 +18,4 @@ def evaluate_model(params: EvalParams) -> dict[str, float]:
     """Greedy eval of one model; results in an MLflow run of its own and as Prefect artifacts."""
     run, model_dir = prepare_eval(params)
     settings = EvalSettings.of(params, run.eval_set)
-    report = final_eval.with_options(name="eval")(run, model_dir, settings)
-    return record_eval(run, "final_eval", report)
+    return eval_only(run, model_dir, settings)

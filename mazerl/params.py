@@ -13,11 +13,19 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import AfterValidator, ConfigDict, Field, ValidationError, WithJsonSchema, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
 from envs.evalset import EMBEDDED_EVAL_SET, SPECS
 from mazerl import paths
 from mazerl.training.config import PlainNumbers, TrainConfig
+from mazerl.training.recipes import (
+    MINIATURE_TRAINING,
+    PIPELINE_SET_TRAINING_FIELDS,
+    RecipeName,
+    automatic_recipe,
+    deep_merge,
+    resolve_train_config,
+)
 
 REGISTERED_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\- ]{0,254}$")
 
@@ -73,38 +81,6 @@ RayAddress = Annotated[str | None, AfterValidator(_check_ray_address)]
 ExperimentName = Annotated[str, AfterValidator(_check_experiment)]
 
 
-# The miniature recipe: seconds per stage on 2 cores (3-move episodes, 1 maze x 2 samples, a
-# rank-4 adapter). What the pipeline tests and the orchestration benchmark run; learns nothing.
-MINIATURE_TRAINING: dict[str, Any] = {
-    "history_images": 1,
-    "history_text": 0,
-    "max_turns": 3,
-    "steps": 2,
-    "mazes_per_step": 1,
-    "train_pool_size": 8,
-    "checkpoint_interval": 1,
-    "torch_threads": 1,
-    "lora": {"rank": 4, "alpha": 8},
-    "grpo": {"samples_per_maze": 2, "max_new_tokens": 8, "temperature": 0.7, "format_bonus": 1.0},
-}
-
-# The embedded learning recipe (docs/performance.md has its measured curve).
-EMBEDDED_TRAINING: dict[str, Any] = {
-    "history_images": 1,
-    "history_text": 0,
-    "steps": 100,
-    "mazes_per_step": 16,
-    "train_pool_size": 512,
-    "learning_rate": 1e-3,
-    "checkpoint_interval": 25,
-    "checkpoints_kept": 2,
-    "eval_interval": 25,
-    "eval_mazes": None,  # all 256: the periodic evals are on the same set as the baseline
-    "torch_threads": 2,
-    "grpo": {"samples_per_maze": 8, "update_epochs": 1, "temperature": 0.7, "max_new_tokens": 12},
-}
-
-
 # Named starting points for a run's parameters (``mazerl run --preset NAME``, or ``"preset"`` in a
 # deployment's parameters); whatever else is given overrides them.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -112,10 +88,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     # recipe and a 16-maze eval (numbers that say the plumbing works, not that the policy learned)
     "smoke": {"training": MINIATURE_TRAINING, "max_eval_mazes": 16},
 }
-
-
-# Training fields the pipeline sets itself: an override of one is refused.
-PIPELINE_SET_TRAINING_FIELDS = ("run_id", "base_model", "data_root", "backend", "eval_set", "mlflow")
 
 
 def training_overrides_schema() -> dict[str, Any]:
@@ -211,11 +183,16 @@ class PipelineParams(EvalEngineParams):
         None, description=f"Eval set name; None: {EMBEDDED_EVAL_SET} for the starter, maze64-easy-v1 otherwise."
     )
     backend: Literal["local", "skyrl"] = Field("local", description="Training backend (both run as Ray jobs).")
+    recipe: RecipeName | None = Field(
+        None,
+        description="Training recipe the training overrides apply to (mazerl/training/recipes.py): 'embedded' (tuned "
+        "for the starter on the local backend) or 'defaults' (the defaults each training field names); None: "
+        "embedded for the starter on the local backend, else defaults.",
+    )
     training: Annotated[dict[str, Any], WithJsonSchema(training_overrides_schema())] = Field(
         default_factory=dict,
         description="Overrides of the training recipe (mazerl/training/config.py), e.g. {'steps': 50}; a field left "
-        "out keeps the recipe's value (the embedded recipe for the starter on the local backend, else the defaults "
-        "each field names).",
+        "out keeps the recipe's value.",
     )
     ray_address: RayAddress = Field(
         None, description="Ray dashboard address (http://host:8265, sagemaker_ray://...); None: start local Ray."
@@ -252,13 +229,14 @@ class PipelineParams(EvalEngineParams):
     @classmethod
     def _preset_under_the_given_values(cls, data: Any) -> Any:
         if isinstance(data, dict) and isinstance(data.get("preset"), str) and data["preset"] in PRESETS:
-            return _deep_merge(PRESETS[data["preset"]], data)
+            return deep_merge(PRESETS[data["preset"]], data)
         return data
 
     @model_validator(mode="after")
     def _training_overrides_are_valid(self) -> PipelineParams:
-        """Check ``training`` now, before any stage (the base model path is not needed for that)."""
-        self.train_config("validation", Path("/nonexistent/base-model"))
+        """Check ``training`` now, before any stage. The starter's directory is known once ``prepare``
+        has it, and validation reads no file, so the models directory stands in for it here."""
+        self.train_config("validation", Path(self.base_model or paths.models_dir(self.root())))
         if self.local_train_gpus and self.backend != "local":
             raise ValueError(
                 f"local_train_gpus ({self.local_train_gpus}) applies to backend 'local' only: SkyRL places its own "
@@ -277,47 +255,27 @@ class PipelineParams(EvalEngineParams):
             return self.eval_set
         return EMBEDDED_EVAL_SET if self.base_model is None else "maze64-easy-v1"
 
-    def training_recipe(self) -> str:
-        """The recipe the ``training`` overrides apply to: ``embedded`` (the starter on the local
-        backend, EMBEDDED_TRAINING) or ``defaults`` (TrainConfig's own defaults)."""
-        return "embedded" if self.base_model is None and self.backend == "local" else "defaults"
+    def training_recipe(self) -> RecipeName:
+        """The recipe the ``training`` overrides apply to: the one named, else the automatic choice."""
+        return self.recipe or automatic_recipe(starter=self.base_model is None, backend=self.backend)
 
     def train_config(self, run_id: str, base_model: Path, mlflow_run_id: str | None = None) -> TrainConfig:
-        """The training config this pipeline run trains with; errors name ``training.<field>``."""
-        embedded = EMBEDDED_TRAINING if self.training_recipe() == "embedded" else {}
-        merged = _deep_merge(embedded, self.training)
-        fixed = {  # PIPELINE_SET_TRAINING_FIELDS
-            "run_id": run_id,
-            "base_model": str(base_model),
-            "data_root": str(self.root()),
-            "backend": self.backend,
-            "eval_set": self.resolved_eval_set(),
-            "mlflow": {
-                "tracking_uri": self.resolved_tracking_uri(),
-                "experiment": self.experiment,
-                "run_id": mlflow_run_id,
-            },
-        }
-        clash = sorted(set(self.training) & set(fixed))
-        if clash:
-            raise ValueError(
-                f"training.{clash[0]} is set by the pipeline itself; remove it from the training overrides"
-            )
-        try:
-            return TrainConfig.model_validate({**merged, **fixed})
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(["training", *(str(part) for part in first["loc"])])
-            raise ValueError(f"{field}: {first['msg'].removeprefix('Value error, ')}") from exc
+        """The training config this pipeline run trains with; errors name ``training.<field>``.
 
-
-def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in override.items():
-        merged[key] = (
-            _deep_merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+        The pipeline resolves it once, in ``prepare``, and passes the file it writes to the stages.
+        """
+        return resolve_train_config(
+            self.training_recipe(),
+            self.training,
+            run_id=run_id,
+            base_model=base_model,
+            data_root=self.root(),
+            backend=self.backend,
+            eval_set=self.resolved_eval_set(),
+            tracking_uri=self.resolved_tracking_uri(),
+            experiment=self.experiment,
+            mlflow_run_id=mlflow_run_id,
         )
-    return merged
 
 
 class EvalParams(EvalEngineParams):

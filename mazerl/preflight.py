@@ -35,6 +35,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
+from envs.evalset import EvalSetError, load
+from mazerl import paths
+from mazerl.cluster.probe import check_model_dir
+
 if TYPE_CHECKING:
     from mazerl.params import PipelineParams
 
@@ -79,8 +83,6 @@ def check_data_root(root: Path, field: str = "data_root") -> None:
 
 def check_eval_set(name: str) -> None:
     """The named set loads and its stored digest matches its content."""
-    from envs.evalset import EvalSetError, load
-
     try:
         load(name)
     except EvalSetError as exc:
@@ -92,8 +94,6 @@ def check_base_model(model_dir: Path, field: str = "base_model") -> None:
 
     ``field`` is the name the user gave it by (``base_model``, or ``--model`` for ``mazerl eval``).
     """
-    from mazerl.cluster.probe import check_model_dir
-
     found = check_model_dir(str(model_dir))
     if "the directory itself" in found["missing"]:
         starter = ", or leave base_model empty for the embedded starter" if field == "base_model" else ""
@@ -108,7 +108,8 @@ def check_base_model(model_dir: Path, field: str = "base_model") -> None:
             f"{field}={str(model_dir)!r} lacks {', '.join(found['missing'])}; copy the complete model directory "
             "(model.save_pretrained and processor.save_pretrained write all of it)",
         )
-    from mazerl.policy.loader import ModelLoadError, check_image_text_to_text  # imports torch: seconds
+    # lazy: the loader imports torch (seconds), which `mazerl run --help` and the UI's parameter form do not need
+    from mazerl.policy.loader import ModelLoadError, check_image_text_to_text
 
     try:
         check_image_text_to_text(model_dir)
@@ -168,7 +169,7 @@ def model_is_local(ray_address: str | None) -> bool:
 
 def check_resume(checkpoint_dir: Path, resume: str) -> None:
     """``resume='required'`` needs a checkpoint marker in this run's checkpoint directory."""
-    from mazerl.training import checkpoints
+    from mazerl.training import checkpoints  # lazy: it imports torch (seconds)
 
     if resume == "required" and checkpoints.read_marker(checkpoint_dir) is None:
         raise InputError(
@@ -193,7 +194,9 @@ def check_pipeline_inputs(params: PipelineParams, run_id: str | None = None) -> 
         if model_dir.exists() or model_is_local(params.ray_address):
             check_base_model(model_dir)
     check_tracking_uri(params.resolved_tracking_uri())
-    config = params.train_config(run_id or "new-run", Path(params.base_model or "/starter"))
+    # the run's own config is resolved in ``prepare`` once the model is there; its resume setting
+    # and checkpoint directory do not depend on the model
+    config = params.train_config(run_id or "new-run", Path(params.base_model or paths.models_dir(root)))
     if run_id is not None:
         check_resume(config.checkpoint_dir, config.resume)
     elif config.resume == "required":

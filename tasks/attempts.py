@@ -30,6 +30,10 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import StateType
 from prefect.states import Crashed
 
+from mazerl.params import PipelineParams
+from mazerl.preflight import InputError, check_tracking_uri
+from mazerl.tracking.lineage import end_pipeline_run
+
 
 def close_crashed_attempts(flow_run_id: UUID | str, current_task_run_id: UUID | str, stage: str) -> list[str]:
     """Mark every other RUNNING task run of ``flow_run_id`` Crashed; returns their names."""
@@ -55,10 +59,6 @@ def close_crashed_attempts(flow_run_id: UUID | str, current_task_run_id: UUID | 
 
 def end_mlflow_runs(flow: Any, flow_run: Any, state: Any) -> None:
     """Prefect flow hook (``on_failure``, ``on_crashed``): end the run's MLflow runs left RUNNING."""
-    from mazerl.params import PipelineParams
-    from mazerl.preflight import InputError, check_tracking_uri
-    from mazerl.tracking.lineage import end_pipeline_run
-
     log = logging.getLogger("mazerl.attempts")
     try:  # parameters that did not validate never opened an MLflow run
         params = PipelineParams.model_validate((flow_run.parameters or {}).get("params") or {})

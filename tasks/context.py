@@ -12,6 +12,7 @@ from pathlib import Path
 
 from mazerl.cluster.ray_local import find_local_head
 from mazerl.tracking import lineage
+from mazerl.training.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -27,10 +28,19 @@ class RunContext:
     eval_set: str
     stage_run_ids: dict[str, str]  # MLflow runs known up front by stage name (the eval flow's one run)
     pipeline_run_id: str  # MLflow parent run id
+    # the training config prepare resolved, the one every stage uses (None: the eval-only flow); the
+    # train stage writes it into the run directory for its job
+    train_config: TrainConfig | None = None
 
     @property
     def run_dir(self) -> Path:
         return self.root / "runs" / self.run_id
+
+    def training(self) -> TrainConfig:
+        """The training config ``prepare`` resolved for this run."""
+        if self.train_config is None:
+            raise ValueError(f"run {self.run_id} has no training config: it is an eval-only run")
+        return self.train_config
 
     def stage_run_id(self, stage: str) -> str:
         """The MLflow run of ``stage``: a known one, else the parent's child run, created now if the

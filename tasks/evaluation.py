@@ -1,7 +1,8 @@
 """baseline_eval and final_eval: the eval job on the cluster, then its report into MLflow.
 
-The baseline is cached by (model fingerprint, eval-set digest, eval settings, data root):
-a second pipeline run on the same base model reuses the first one's report and says so.
+The baseline's job (``evaluate_baseline``) is cached by (model fingerprint, eval-set digest,
+eval settings, data root): a second pipeline run on the same base model reuses the first one's
+report and says so, and evaluates anew if that report's files were deleted.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ from envs.evalset import load as load_eval_set
 from mazerl.evaluation.evaluate import EvalReport
 from mazerl.fingerprint import model_fingerprint
 from mazerl.params import EvalParams, PipelineParams
-from mazerl.tracking.evals import log_eval_report, log_eval_set
+from mazerl.reporting.eval_runs import record_eval
 from mazerl.tracking.lineage import stage_run
-from mazerl.tracking.store import client_for
 from tasks.context import RunContext
 from tasks.jobs import run_stage_job, write_request
 
@@ -89,37 +89,48 @@ def _evaluate(run: RunContext, stage: str, model_dir: Path, settings: EvalSettin
     return EvalReport.from_summary(out_dir / "summary.json")
 
 
-@task(name="baseline_eval", retries=1, retry_delay_seconds=10, cache_key_fn=baseline_cache_key, persist_result=True)
-def baseline_eval(run: RunContext, settings: EvalSettings) -> EvalReport:
-    """Greedy eval of the base model (cached across pipeline runs)."""
+@task(
+    name="evaluate_baseline",
+    retries=1,
+    retry_delay_seconds=10,
+    cache_key_fn=baseline_cache_key,
+    persist_result=True,
+)
+def evaluate_baseline(run: RunContext, settings: EvalSettings) -> EvalReport:
+    """Greedy eval job of the base model, cached across pipeline runs (:func:`baseline_cache_key`)."""
     return _evaluate(run, "baseline", run.base_model, settings)
+
+
+@task(name="baseline_eval", retries=1, retry_delay_seconds=5)
+def baseline_eval(run: RunContext, settings: EvalSettings) -> EvalReport:
+    """The base model's eval (a cached report when there is one), logged into this run's stage run."""
+    report = evaluate_baseline(run, settings)
+    if not report.summary_path.is_file():  # the cached report's run directory was deleted: evaluate anew
+        report = evaluate_baseline.with_options(refresh_cache=True)(run, settings)
+    _record(run, "baseline_eval", report)
+    return report
 
 
 @task(name="final_eval", retries=1, retry_delay_seconds=10, persist_result=True)
 def final_eval(run: RunContext, merged_model: Path, settings: EvalSettings) -> EvalReport:
-    """Greedy eval of the merged model, with the baseline's settings."""
-    return _evaluate(run, "final", merged_model, settings)
+    """Greedy eval of the merged model, with the baseline's settings, logged into its stage run."""
+    report = _evaluate(run, "final", merged_model, settings)
+    _record(run, "final_eval", report)
+    return report
 
 
-@task(name="record_eval", retries=1, retry_delay_seconds=5)
-def record_eval(run: RunContext, stage: str, report: EvalReport) -> dict[str, float]:
-    """Log an eval report into this pipeline run's stage run (also when the report came from the cache)."""
+@task(name="eval", retries=1, retry_delay_seconds=10)
+def eval_only(run: RunContext, model_dir: Path, settings: EvalSettings) -> dict[str, float]:
+    """The eval-only flow's eval of ``model_dir``, logged into its run; returns the metrics logged."""
+    return _record(run, "final_eval", _evaluate(run, "final", model_dir, settings))
+
+
+def _record(run: RunContext, stage: str, report: EvalReport) -> dict[str, float]:
+    """The report into MLflow, its per-maze table and headline into Prefect."""
     logger = get_run_logger()
-    run_id = run.stage_run_id(stage)
-    if not report.summary_path.is_file():
-        raise FileNotFoundError(
-            f"the {stage} report {report.summary_path} is gone (was the data root cleaned?); re-run with "
-            "a fresh cache: `prefect cache` entries live under PREFECT_LOCAL_STORAGE_PATH"
-        )
-    reused = not str(report.out_dir).startswith(str(run.run_dir))
-    if reused:
-        logger.info(f"{stage}: reusing the cached evaluation from {report.out_dir} (same model, set and settings)")
-    with stage_run(run.tracking_uri, run_id):
-        if reused:
-            client_for(run.tracking_uri).set_tag(run_id, "mazerl.reused_eval_dir", str(report.out_dir))
-        log_eval_set(run.tracking_uri, run_id, report.eval_set)
-        metrics = log_eval_report(run.tracking_uri, run_id, report.out_dir)
-    rows = [json.loads(line) for line in report.results_path.read_text().splitlines() if line.strip()]
+    metrics, rows = record_eval(
+        run.tracking_uri, run.stage_run_id(stage), report, run.run_dir, log=lambda line: logger.info(f"{stage}: {line}")
+    )
     columns = ("index", "seed", "solved", "moves", "optimal_moves", "parse_failures")
     create_table_artifact(
         [{key: row.get(key) for key in columns} for row in rows],

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +9,7 @@ from typing import Any
 from prefect import get_run_logger
 from prefect.runtime import flow_run, task_run
 
+from mazerl import atomic
 from mazerl.cluster.errors import RetryableJobError
 from mazerl.cluster.submitter import JobOutcome, RayJob, module_entrypoint
 from tasks.attempts import close_crashed_attempts
@@ -78,11 +77,7 @@ def run_stage_job(
 
 def write_request(path: Path, request: dict[str, Any]) -> Path:
     """A stage job's JSON request, written where the cluster reads it (temporary name, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(request, indent=2))
-    os.replace(tmp, path)
-    return path
+    return atomic.write_json(path, request)
 
 
 def retry_on_infrastructure(task, task_run, state) -> bool:

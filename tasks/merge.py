@@ -39,7 +39,8 @@ class MergedModel:
     retry_condition_fn=retry_on_infrastructure,
     persist_result=True,
 )
-def merge(run: RunContext, trained: TrainOutcome, params: PipelineParams) -> MergedModel:
+def merge_lora(run: RunContext, trained: TrainOutcome, params: PipelineParams) -> MergedModel:
+    """Run the merge job on a node with the memory it needs; upload the merged model to MLflow."""
     logger = get_run_logger()
     run_id = run.stage_run_id("merge_lora")
     out_dir = run.run_dir / "merged"

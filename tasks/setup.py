@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +13,14 @@ from prefect.runtime import deployment, flow_run
 from envs.evalset import load as load_eval_set
 from mazerl.cluster.ray_local import ensure_local_head
 from mazerl.fingerprint import model_fingerprint
-from mazerl.params import PIPELINE_SET_TRAINING_FIELDS, EvalParams, PipelineParams
+from mazerl.params import EvalParams, PipelineParams
 from mazerl.preflight import InputError, check_pipeline_inputs, check_tracking_uri
+from mazerl.reporting.eval_runs import start_eval_run
 from mazerl.starter.build import ensure_starter
 from mazerl.tracking.lineage import start_pipeline_run
-from mazerl.tracking.params import log_params
 from mazerl.tracking.registry import model_version_dir
-from mazerl.tracking.store import client_for, default_artifact_location, ensure_experiment
+from mazerl.training.config import TrainConfig
+from mazerl.training.recipes import PIPELINE_SET_TRAINING_FIELDS
 from tasks.context import RunContext
 
 
@@ -51,16 +53,14 @@ def prepare(params: PipelineParams) -> RunContext:
         base_model = ensure_starter(root, log=logger.info)
     else:
         base_model = Path(params.base_model).expanduser().resolve()
-    address = params.ray_address
-    if address is None:
-        head = ensure_local_head()
-        address = head.address
-        logger.info(f"embedded Ray head at {address} ({'started' if head.started_here else 'reused'})")
+    address = cluster_address(params.ray_address, logger.info)
+    # the run's training config, resolved once: every stage that needs it gets it from the context
+    config = params.train_config(run_id, base_model)
     runs = start_pipeline_run(
         params.resolved_tracking_uri(),
         params.experiment,
         run_name=run_id,
-        params=resolved_params(params, run_id, base_model),
+        params=resolved_params(params, config),
         flow_run_id=flow_id,
         deployment=deployment.name,
         tags={"mazerl.run_id": run_id, "mazerl.backend": params.backend},
@@ -79,16 +79,26 @@ def prepare(params: PipelineParams) -> RunContext:
         eval_set=params.resolved_eval_set(),
         stage_run_ids={},  # each stage opens (or, on a retry, finds) its own run when it starts
         pipeline_run_id=runs.parent_run_id,
+        train_config=config,
     )
 
 
-def resolved_params(params: PipelineParams, run_id: str, base_model: Path) -> dict[str, Any]:
+def cluster_address(ray_address: str | None, log: Callable[[str], None]) -> str:
+    """The cluster's dashboard address: the one given, else the embedded head's (started if none runs)."""
+    if ray_address is not None:
+        return ray_address
+    head = ensure_local_head()
+    log(f"embedded Ray head at {head.address} ({'started' if head.started_here else 'reused'})")
+    return head.address
+
+
+def resolved_params(params: PipelineParams, config: TrainConfig) -> dict[str, Any]:
     """What the run really uses, for the parent run's params: the resolved model, eval set, data
-    root and tracking URI instead of their ``None`` defaults, and every field of the training
-    config (``training.<field>``) with the recipe it started from and the user's overrides."""
-    eval_set = load_eval_set(params.resolved_eval_set())
-    config = params.train_config(run_id, base_model)
-    return params.model_dump(mode="json", exclude={"training"}) | {
+    root, tracking URI and recipe instead of their ``None`` defaults, and every field of the
+    training config (``training.<field>``) with the user's overrides."""
+    eval_set = load_eval_set(config.eval_set)
+    base_model = config.base_model
+    return params.model_dump(mode="json", exclude={"training", "recipe"}) | {
         "base_model": str(base_model),
         "base_model.fingerprint": model_fingerprint(base_model),
         "eval_set": eval_set.name,
@@ -114,13 +124,12 @@ def prepare_eval(params: EvalParams) -> tuple[RunContext, Path]:
     else:
         model_dir = Path(model_version_dir(tracking_uri, params.registered_model, params.version))
         logger.info(f"{params.registered_model} {params.version} -> {model_dir}")
-    address = params.ray_address or ensure_local_head().address
+    address = cluster_address(params.ray_address, logger.info)
     flow_id = str(flow_run.id or "local")
     run_id = run_id_for(str(flow_run.name or "eval"), flow_id)
-    experiment_id = ensure_experiment(tracking_uri, params.experiment, default_artifact_location(tracking_uri))
-    tags = {"prefect.flow_run_id": flow_id, "mazerl.model_dir": str(model_dir)}
-    mlflow_run = client_for(tracking_uri).create_run(experiment_id, run_name="eval", tags=tags).info.run_id
-    log_params(tracking_uri, mlflow_run, params)
+    mlflow_run = start_eval_run(
+        tracking_uri, params.experiment, flow_run_id=flow_id, model_dir=model_dir, params=params
+    )
     context = RunContext(
         run_id=run_id,
         flow_run_id=flow_id,
@@ -129,7 +138,7 @@ def prepare_eval(params: EvalParams) -> tuple[RunContext, Path]:
         ray_address=address,
         base_model=model_dir,
         eval_set=params.eval_set,
-        stage_run_ids={"final_eval": mlflow_run},
+        stage_run_ids={"final_eval": mlflow_run},  # the eval logs into the run itself: there is no parent
         pipeline_run_id=mlflow_run,
     )
     return context, model_dir

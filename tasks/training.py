@@ -44,8 +44,9 @@ def train(run: RunContext, params: PipelineParams) -> TrainOutcome:
     """Submit the backend's entrypoint; a retry resubmits and the job resumes from the marker's step."""
     logger = get_run_logger()
     run_id = run.stage_run_id("train")
-    config = params.train_config(run.run_id, run.base_model, mlflow_run_id=run_id)
-    config_path = save_config(config, run.run_dir / "train_config.json")
+    config = run.training()
+    config = config.model_copy(update={"mlflow": config.mlflow.model_copy(update={"run_id": run_id})})
+    config_path = save_config(config, run.run_dir / "train_config.json")  # where the job reads it
     progress_id = create_progress_artifact(0.0, key="train-progress", description=f"GRPO steps of {run.run_id}")
     # One reading of progress for the hang watchdog and the artifact: the step lines both
     # backends print, and the checkpoint marker on the shared mount.

@@ -42,7 +42,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mazerl.params import MINIATURE_TRAINING, PipelineParams
+from mazerl.params import PipelineParams
+from mazerl.training.recipes import MINIATURE_TRAINING
 
 PROJECT = Path(__file__).resolve().parents[1]
 DOCS_TABLE = PROJECT / "docs" / "bad-input.md"
@@ -196,8 +197,8 @@ def pipeline_gate(values: dict) -> Exception:
 
 def cluster_gate(values: dict, hyperpod_client=None) -> Exception:
     """``verify_cluster`` with the requirements and fixes the pipeline's first stage uses."""
+    from mazerl.cluster.fixes import CLUSTER_FIXES
     from mazerl.cluster.verify import requirements_for, verify_cluster
-    from tasks.cluster import CLUSTER_FIXES
     from tasks.context import ray_headers
 
     params = PipelineParams.model_validate(values)

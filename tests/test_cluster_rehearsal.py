@@ -45,8 +45,9 @@ from test_cluster_verify import fake_model_dir
 from test_fault_injection import training_processes, wait_for  # the trainer-process helpers, one home
 
 from mazerl.cluster.ray_local import LocalRayHead, _free_ports, _head_env, start_local_head
-from mazerl.params import MINIATURE_TRAINING, PipelineParams
+from mazerl.params import PipelineParams
 from mazerl.training import checkpoints
+from mazerl.training.recipes import MINIATURE_TRAINING
 
 pytestmark = pytest.mark.slow  # a multi-node Ray cluster and whole flow runs
 
@@ -365,12 +366,14 @@ TRAIN_STAGE_SCRIPT = textwrap.dedent(
     from pathlib import Path
     from prefect import flow
     from mazerl.params import PipelineParams
+    from mazerl.training.config import TrainConfig
     from tasks.context import RunContext
     from tasks.training import train
 
     spec = json.loads(sys.argv[1])
     context = RunContext(**spec["context"] | {"root": Path(spec["context"]["root"]),
-                                              "base_model": Path(spec["context"]["base_model"])})
+                                              "base_model": Path(spec["context"]["base_model"]),
+                                              "train_config": TrainConfig.model_validate(spec["context"]["train_config"])})
 
     @flow
     def orchestrator():
@@ -381,7 +384,7 @@ TRAIN_STAGE_SCRIPT = textwrap.dedent(
 )
 
 
-def stage_context(root: Path, model: Path, address: str, run_id: str, flow_run_id: str):
+def stage_context(root: Path, model: Path, address: str, run_id: str, flow_run_id: str, params: PipelineParams):
     from mazerl.tracking.lineage import start_pipeline_run
     from mazerl.tracking.store import default_tracking_uri
     from tasks.context import RunContext
@@ -398,6 +401,7 @@ def stage_context(root: Path, model: Path, address: str, run_id: str, flow_run_i
         eval_set="maze256-small-v1",
         stage_run_ids=runs.stage_run_ids,
         pipeline_run_id=runs.parent_run_id,
+        train_config=params.train_config(run_id, model),  # what prepare resolves for the stages
     )
 
 
@@ -426,11 +430,12 @@ def test_rehearsal_no_gpu_a_new_flow_run_reattaches_to_the_same_training_and_ref
     from tasks.training import train
 
     params = stage_params(mlflow_root, starter_model_dir, cluster.address)
-    first = stage_context(mlflow_root, starter_model_dir, cluster.address, "run-a", "flow-a")
+    first = stage_context(mlflow_root, starter_model_dir, cluster.address, "run-a", "flow-a", params)
     script = tmp_path / "train_stage.py"
     script.write_text(TRAIN_STAGE_SCRIPT)
     spec = {
-        "context": {k: str(v) if isinstance(v, Path) else v for k, v in vars(first).items()},
+        "context": {k: str(v) if isinstance(v, Path) else v for k, v in vars(first).items()}
+        | {"train_config": first.train_config.model_dump(mode="json")},
         "params": params.model_dump(mode="json"),
     }
     env = os.environ | {"PREFECT_API_URL": prefect_api["url"], "RAY_AUTH_TOKEN_PATH": str(cluster.head.token_path)}
@@ -465,7 +470,9 @@ def test_rehearsal_no_gpu_a_new_flow_run_reattaches_to_the_same_training_and_ref
 
         # when flow run C, another training (another learning rate), reaches its train stage,
         other = stage_params(mlflow_root, starter_model_dir, cluster.address, learning_rate=2e-3)
-        refused = stage_alone(stage_context(mlflow_root, starter_model_dir, cluster.address, "run-c", "flow-c"), other)
+        refused = stage_alone(
+            stage_context(mlflow_root, starter_model_dir, cluster.address, "run-c", "flow-c", other), other
+        )
         # then it is refused with A's job id and the command that stops it, and starts nothing;
         assert isinstance(refused, JobConflictError), refused
         assert f"ray job stop {job_a.submission_id} --address {cluster.address}" in str(refused), str(refused)
@@ -482,7 +489,9 @@ def test_rehearsal_no_gpu_a_new_flow_run_reattaches_to_the_same_training_and_ref
             return submission_id
 
         monkeypatch.setattr(RayJob, "_attach_other_run", attach_then_resume)
-        outcome = stage_alone(stage_context(mlflow_root, starter_model_dir, cluster.address, "run-b", "flow-b"), params)
+        outcome = stage_alone(
+            stage_context(mlflow_root, starter_model_dir, cluster.address, "run-b", "flow-b", params), params
+        )
     finally:
         for process in suspended:
             process.resume()

@@ -26,10 +26,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mazerl.params import MINIATURE_TRAINING
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, save_config
 from mazerl.training.local_trainer import LocalGRPOTrainer
+from mazerl.training.recipes import MINIATURE_TRAINING
 
 pytestmark = pytest.mark.slow  # training runs killed and resumed, flow runs retried
 
@@ -543,6 +543,7 @@ def test_ray_head_gone_when_the_train_stage_starts_is_a_retryable_error_naming_t
         eval_set="maze256-small-v1",
         stage_run_ids=runs.stage_run_ids,
         pipeline_run_id=runs.parent_run_id,
+        train_config=params.train_config("gone-head", Path(starter_model_dir)),
     )
 
     @flow

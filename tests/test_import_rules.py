@@ -34,6 +34,7 @@ LIBRARY = BASE | {
     "mazerl.evaluation",
     "mazerl.training",
     "mazerl.merge",
+    "mazerl.reporting",
     "mazerl.params",
     "mazerl.preflight",
 }
@@ -50,6 +51,8 @@ RULES: dict[str, set[str]] = {
     "mazerl.training": LOW
     | {"mazerl.policy", "mazerl.starter", "mazerl.tracking", "mazerl.evaluation", "mazerl.cluster"},
     "mazerl.merge": LOW | {"mazerl.policy", "mazerl.starter", "mazerl.training", "mazerl.tracking"},
+    # the pipeline's outcomes in MLflow: eval reports into stage runs, the conclusion and promotion
+    "mazerl.reporting": LOW | {"mazerl.tracking", "mazerl.evaluation", "mazerl.training", "mazerl.cluster"},
     "mazerl.params": LOW | {"mazerl.training"},
     "mazerl.preflight": LOW | {"mazerl.params", "mazerl.policy", "mazerl.training", "mazerl.cluster"},
     COMMANDS: LOW | LIBRARY,

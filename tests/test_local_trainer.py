@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mazerl.params import MINIATURE_TRAINING
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, save_config
 from mazerl.training.local_trainer import LocalGRPOTrainer, TrainingConfigError
+from mazerl.training.recipes import MINIATURE_TRAINING
 
 
 def tiny_config(root, model_dir, run_id="r", **overrides):

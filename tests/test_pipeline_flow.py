@@ -15,9 +15,11 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from mazerl.params import MINIATURE_TRAINING, PipelineParams
+from mazerl.params import PipelineParams
 from mazerl.tracking.lineage import STAGES
 from mazerl.training import checkpoints
+from mazerl.training.config import load_config
+from mazerl.training.recipes import MINIATURE_TRAINING
 
 pytestmark = pytest.mark.slow  # a minute or two per flow run
 
@@ -120,6 +122,10 @@ def test_full_flow_leaves_runs_metrics_artifacts_registry_and_prefect_artifacts(
     versions = client.search_model_versions("name = 'maze-vlm'")
     assert [v.run_id for v in versions] == [runs["merge_lora"].info.run_id]
     assert checkpoints.read_marker(mlflow_root / "runs" / summary.run_id / "checkpoints") == 2
+    # the training config prepare resolved once is the one the job trained with (and the one logged)
+    resolved = load_config(mlflow_root / "runs" / summary.run_id / "train_config.json")
+    assert (resolved.run_id, resolved.steps, resolved.lora.rank) == (summary.run_id, 2, 4)
+    assert params["training.learning_rate"] == str(resolved.learning_rate)
     local_summary = json.loads((mlflow_root / "runs" / summary.run_id / "summary.json").read_text())
     assert local_summary["mlflow_run_id"] == summary.mlflow_run_id and local_summary["final"] == summary.final
 
@@ -207,8 +213,8 @@ def test_second_run_on_the_same_model_reuses_the_baseline_unless_its_files_are_g
     second = state.result()
     assert second.run_id != first.run_id
     states, messages = flow_run_record(state.state_details.flow_run_id)
-    assert states["baseline_eval"] == "Cached", states
-    assert any("reusing the cached evaluation" in m for m in messages["record_eval"]), "the log says so"
+    assert states["evaluate_baseline"] == "Cached", states
+    assert any("reusing the cached evaluation" in m for m in messages["baseline_eval"]), "the log says so"
     baseline_dir = mlflow_root / "runs" / second.run_id / "eval" / "baseline"
     assert not baseline_dir.exists(), "the baseline was not evaluated again"
     assert second.baseline == first.baseline

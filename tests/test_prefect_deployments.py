@@ -81,8 +81,8 @@ def test_the_run_form_lists_every_training_field_with_its_description():
     from prefect.utilities.schema_tools.validation import is_valid, is_valid_schema
 
     from flows.pipeline import pipeline
-    from mazerl.params import PIPELINE_SET_TRAINING_FIELDS
     from mazerl.training.config import TrainConfig
+    from mazerl.training.recipes import PIPELINE_SET_TRAINING_FIELDS
 
     # Given the parameter schema Prefect stores with a deployment (what the UI's run form renders),
     schema = parameter_schema(pipeline).model_dump(by_alias=True)

@@ -113,3 +113,13 @@ def test_registered_version_resolves_to_a_model_directory(uri, tmp_path):
     assert (resolved / "config.json").is_file() and resolved.as_uri() == source
     with pytest.raises(RegistryError, match="no version or alias 'missing'"):
         registry.model_version_dir(uri, "maze-vlm", "missing")
+
+
+@pytest.mark.parametrize(("fixed", "broken"), [(0, 0), (1, 0), (5, 1), (3, 3), (0, 12), (30, 4)])
+def test_exact_mcnemar_p_is_scipys_exact_binomial_test_on_the_discordant_mazes(fixed, broken):
+    from scipy.stats import binomtest
+
+    from mazerl.evaluation.summary import exact_mcnemar_p
+
+    expected = 1.0 if fixed + broken == 0 else binomtest(fixed, fixed + broken, 0.5).pvalue
+    assert exact_mcnemar_p(fixed, broken) == pytest.approx(expected, rel=1e-12)

@@ -8,7 +8,9 @@ import json
 import pytest
 
 from cli.run import add_run_command, build_params
-from mazerl.params import MINIATURE_TRAINING, PipelineParams
+from mazerl.params import PipelineParams
+from mazerl.training.config import TrainConfig
+from mazerl.training.recipes import EMBEDDED_TRAINING, MINIATURE_TRAINING
 
 
 def run_args(*argv: str) -> argparse.Namespace:
@@ -44,3 +46,26 @@ def test_a_deployment_names_the_preset_in_its_parameters_and_an_unknown_one_is_r
         PipelineParams.model_validate({"preset": "fast"})
     with pytest.raises(SystemExit):
         run_args("--preset", "fast")
+
+
+def test_the_recipe_is_a_parameter_whose_default_is_the_automatic_choice(tmp_path):
+    # Given no recipe, the starter on the local backend trains with the embedded recipe and any other model
+    # with TrainConfig's defaults (as before the recipe was a parameter),
+    assert PipelineParams().recipe is None and PipelineParams().training_recipe() == "embedded"
+    given_model = PipelineParams(base_model=str(tmp_path))
+    assert given_model.training_recipe() == "defaults"
+    assert given_model.train_config("r", tmp_path).learning_rate == TrainConfig.model_fields["learning_rate"].default
+    # a named recipe wins over that choice, and the overrides still apply on top of it,
+    embedded = PipelineParams(base_model=str(tmp_path), recipe="embedded", training={"steps": 7})
+    config = embedded.train_config("r", tmp_path)
+    assert (config.learning_rate, config.mazes_per_step, config.steps) == (
+        EMBEDDED_TRAINING["learning_rate"],
+        EMBEDDED_TRAINING["mazes_per_step"],
+        7,
+    )
+    defaults = PipelineParams(recipe="defaults").train_config("r", tmp_path)
+    assert defaults.mazes_per_step == TrainConfig.model_fields["mazes_per_step"].default
+    assert defaults.grpo.update_epochs != EMBEDDED_TRAINING["grpo"]["update_epochs"]
+    # and an unknown recipe is refused by name.
+    with pytest.raises(ValueError, match="recipe"):
+        PipelineParams.model_validate({"recipe": "huge"})

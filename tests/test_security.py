@@ -27,7 +27,7 @@ import psutil
 import pytest
 import torch
 
-from mazerl.params import MINIATURE_TRAINING
+from mazerl.training.recipes import MINIATURE_TRAINING
 
 PROJECT = Path(__file__).resolve().parents[1]
 

@@ -118,7 +118,7 @@ def job_client(address: str | RayAddress, headers: dict[str, str] | None = None)
     Unreachable address, token service temporarily down -> ``RetryableJobError``;
     missing toolkit/kubeconfig/credentials, rejected token -> ``ClusterAccessError``.
     """
-    from ray.job_submission import JobSubmissionClient
+    from ray.job_submission import JobSubmissionClient  # lazy: ray takes seconds to import
 
     parsed = address if isinstance(address, RayAddress) else parse_address(address)
     if parsed.is_sagemaker:
@@ -196,6 +196,6 @@ def _kubeconfig_uses_aws_cli(path: Path) -> bool:
 
 
 def _aws_credentials_available() -> bool:
-    import boto3
+    import boto3  # lazy: an optional extra (hyperpod), and slow to import
 
     return boto3.Session().get_credentials() is not None

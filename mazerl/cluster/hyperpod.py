@@ -38,6 +38,7 @@ def sagemaker_client(region: str | None = None):
     boto3 itself does not read ``AWS_REGION``, so without this a pod given only ``AWS_REGION``
     would still have no region.
     """
+    # lazy: boto3 is an optional extra (mazerl[hyperpod]) and slow to import
     import boto3
     from botocore.exceptions import NoRegionError
 
@@ -124,7 +125,7 @@ def _nodes_row(nodes: list[dict[str, Any]]) -> CheckRow:
 
 def _call(fn, cluster_name: str, **kwargs):
     """One SageMaker call with its failures turned into errors that say what to fix."""
-    from botocore.exceptions import (
+    from botocore.exceptions import (  # lazy: optional extra, see above
         ClientError,
         EndpointConnectionError,
         NoCredentialsError,

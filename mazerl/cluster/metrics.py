@@ -69,7 +69,7 @@ class TrainingMetrics:
         if self._gauges is not None:
             return self._gauges
         try:
-            import ray
+            import ray  # lazy: the gauges are optional, and ray takes seconds to import
         except ImportError:
             return None
         if not ray.is_initialized():

@@ -21,7 +21,6 @@ Tasks ask for no CPU (``num_cpus=0``) so they run even when the cluster's CPUs a
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import sys
@@ -29,6 +28,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from mazerl import atomic
 
 RESULT_PREFIX = "MAZERL_PROBE_RESULT "
 PROBE_DIR = ".mazerl-probe"
@@ -118,9 +119,7 @@ def write_probe(data_root: str, token: str, node_id: str) -> dict[str, Any]:
         probe_dir = Path(data_root) / PROBE_DIR / token
         probe_dir.mkdir(parents=True, exist_ok=True)
         target = probe_dir / node_id
-        tmp = probe_dir / f".{node_id}.tmp"
-        tmp.write_text(f"{token}:{node_id}")
-        os.replace(tmp, target)
+        atomic.write_text(target, f"{token}:{node_id}")
         result["free_bytes"] = shutil.disk_usage(data_root).free
         result["ok"] = True
     except OSError as exc:
@@ -150,6 +149,7 @@ def remove_probe(data_root: str, token: str) -> None:
 
 def run_probe(request: dict[str, Any]) -> dict[str, Any]:
     """Connect to the cluster this job runs in and measure it (see the module docstring)."""
+    # lazy: ray takes seconds to import; the model-directory checks above run without it (preflight)
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

@@ -39,11 +39,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Literal
 
+from envs import evalset
 from mazerl.cluster.client import job_client, parse_address
 from mazerl.cluster.errors import ConfigError, RetryableJobError
+from mazerl.cluster.hyperpod import HyperPodAccessError, HyperPodClusterNotFound, check_hyperpod
 from mazerl.cluster.probe import RESULT_PREFIX, node_name
 from mazerl.cluster.report import CheckRow, ClusterReport
 from mazerl.cluster.submitter import TERMINAL, runtime_env_for
+from mazerl.merge.memory import merge_memory
 
 GIB = 1024**3
 HYPERPOD_ACCESS_HINT = (
@@ -204,7 +207,7 @@ def _run_probe(client, address: str, request: dict, runtime_env, timeout_s: floa
 
 
 def _ray_rows(probe: dict, required_nodes: int, required_gpus: int, gpus_per_node: int) -> list[CheckRow]:
-    import ray
+    import ray  # lazy: ray takes seconds to import, and only this row needs the client's version
 
     client_version = ray.__version__
     cluster_version = probe.get("ray_version", "unknown")
@@ -352,8 +355,6 @@ def _model_rows(probe: dict) -> list[CheckRow]:
 def _merge_rows(probe: dict) -> list[CheckRow]:
     """The merge job asks Ray for a whole model copy's memory; a cluster where no node has it would
     leave the job pending until Ray gives up, after all the training."""
-    from mazerl.merge.memory import merge_memory
-
     model = probe.get("base_model") or {}
     if not model.get("weights_bytes"):
         return []
@@ -372,8 +373,6 @@ def _merge_rows(probe: dict) -> list[CheckRow]:
 
 
 def _eval_set_row(name: str) -> CheckRow:
-    from envs import evalset
-
     expected = f"eval set {name} loads and its digest verifies"
     try:
         loaded = evalset.load(name)
@@ -387,8 +386,6 @@ def _hyperpod_rows(cluster: str, region: str | None, client: Any) -> list[CheckR
     can run the job, so when the SageMaker API cannot be asked at all (a flow pod without an IAM
     identity, region or permission; no route to the API) the row is advisory. A wrong cluster
     name, or an answer that shows failed nodes, still stops the run."""
-    from mazerl.cluster.hyperpod import HyperPodAccessError, HyperPodClusterNotFound, check_hyperpod
-
     expected = f"HyperPod cluster {cluster} readable and InService"
     try:
         return check_hyperpod(cluster, region=region, client=client)

@@ -4,6 +4,8 @@ Success counts only an episode that stopped on the target; a format bonus never 
 The success rate comes with a 95% Wilson score interval (sound at 0% and 100% and for
 small n, where the normal approximation is not), and every summary states the budget
 ceiling: the share of the set's mazes the shortest-path solver finishes within the budget.
+Two evals of the same mazes compare by the exact McNemar test on the mazes one solved and
+the other did not.
 """
 
 from __future__ import annotations
@@ -31,6 +33,16 @@ def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, flo
     centre = (p + z**2 / (2 * n)) / denominator
     half = z * math.sqrt(p * (1 - p) / n + z**2 / (4 * n**2)) / denominator
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def exact_mcnemar_p(fixed: int, broken: int) -> float:
+    """Two-sided exact McNemar test of two evals on the same mazes, from the discordant pairs
+    (``fixed``: failed before, solved after; ``broken``: the reverse): binomial(n, 1/2) tail, doubled."""
+    n = fixed + broken
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(fixed, broken) + 1)) / 2**n
+    return min(1.0, 2 * tail)
 
 
 def result_row(index: int, seed: int | None, episode: Episode) -> dict[str, Any]:

@@ -18,7 +18,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from mazerl import paths
+from envs.evalset import EvalSetError, load
+from envs.pool import world_capacity
+from mazerl import atomic, paths
 
 MAX_STEPS = 1_000_000
 MAX_DEFAULT_POOL = 4096
@@ -313,9 +315,6 @@ class TrainConfig(StrictModel):
 
 def _world_capacity(eval_set: str) -> int | None:
     """Mazes of the named set's world outside it; None if the set does not load (its own check reports that)."""
-    from envs.evalset import EvalSetError, load
-    from envs.pool import world_capacity
-
     try:
         return world_capacity(load(eval_set))
     except (EvalSetError, TypeError, KeyError, ValueError):
@@ -332,9 +331,4 @@ def load_config(path: str | os.PathLike) -> TrainConfig:
 
 def save_config(config: TrainConfig, path: str | os.PathLike) -> Path:
     """Write the config as JSON atomically (temp name, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(config.model_dump_json(indent=2))
-    os.replace(tmp, path)
-    return path
+    return atomic.write_text(Path(path), config.model_dump_json(indent=2))
