@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.report import write_section  # noqa: E402
-from mazerl.evaluation.summary import read_result_rows  # noqa: E402
+from mazerl.eval_files import read_result_rows  # noqa: E402
 from mazerl.tracking.curves import GREEDY_KEY, SAMPLED_KEY, curve_table, history_from_jsonl  # noqa: E402
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.report import write_section  # noqa: E402
 from mazerl.atomic import write_jsonl  # noqa: E402
-from mazerl.evaluation.summary import read_result_rows  # noqa: E402
+from mazerl.eval_files import read_result_rows  # noqa: E402
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

@@ -38,11 +38,11 @@ from urllib.parse import urlparse
 from envs.evalset import EvalSetError, load
 from mazerl import paths
 from mazerl.cluster.probe import check_model_dir
+from mazerl.cluster.ray_local import is_loopback_host
 
 if TYPE_CHECKING:
     from mazerl.params import PipelineParams
 
-LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 ANSWER_TIMEOUT_S = 5.0  # a server on the network answers /health or /api/version in milliseconds
 
 
@@ -164,7 +164,7 @@ def _no_answer(url: str, ray: bool = False) -> str | None:
 
 def model_is_local(ray_address: str | None) -> bool:
     """Whether the cluster shares this machine's files (the embedded head, or a head on localhost)."""
-    return ray_address is None or urlparse(ray_address).hostname in LOCAL_HOSTS
+    return ray_address is None or is_loopback_host(urlparse(ray_address).hostname)
 
 
 def check_resume(checkpoint_dir: Path, resume: str) -> None:

@@ -16,6 +16,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
 from envs.evalset import load as load_eval_set
+from mazerl.eval_files import SUMMARY_FILE
 from mazerl.evaluation.evaluate import EvalReport
 from mazerl.fingerprint import model_fingerprint
 from mazerl.params import EvalParams, PipelineParams
@@ -86,7 +87,7 @@ def _evaluate(run: RunContext, stage: str, model_dir: Path, settings: EvalSettin
     # The stage's MLflow run starts with the eval job; record_eval ends it once the report is logged.
     with stage_run(run.tracking_uri, run.stage_run_id(f"{stage}_eval"), finish=False):
         run_stage_job(run, stage, "mazerl.evaluation.job_entry", request_path)
-    return EvalReport.from_summary(out_dir / "summary.json")
+    return EvalReport.from_summary(out_dir / SUMMARY_FILE)
 
 
 @task(

@@ -24,7 +24,15 @@ ROOTS = ("envs", "mazerl", "tasks", "flows", "cli")
 # imports one, so they count as one unit of their own.
 COMMANDS = "mazerl.<package>.cli"
 
-BASE = {"mazerl", "mazerl.paths", "mazerl.progress", "mazerl.atomic", "mazerl.fingerprint", "mazerl.upstream_warnings"}
+BASE = {
+    "mazerl",
+    "mazerl.eval_files",
+    "mazerl.paths",
+    "mazerl.progress",
+    "mazerl.atomic",
+    "mazerl.fingerprint",
+    "mazerl.upstream_warnings",
+}
 LOW = {"envs"} | BASE
 LIBRARY = BASE | {
     "mazerl.policy",

@@ -29,6 +29,7 @@ from envs.evalset import load as load_eval_set
 from envs.maze import optimal_moves
 from mazerl.atomic import write_bytes, write_json, write_jsonl
 from mazerl.cluster.ray_local import local_ray_head, ray_driver
+from mazerl.eval_files import RESULTS_FILE, SUMMARY_FILE
 from mazerl.evaluation.summary import summarize
 from mazerl.evaluation.workers import EvalJob, EvalWorker
 from mazerl.fingerprint import model_fingerprint
@@ -37,8 +38,6 @@ from mazerl.policy.loader import ModelLoadError, _check_model_files, check_adapt
 from mazerl.starter.record import recorded_context_mode
 
 ENGINES = ("hf", "vllm")
-RESULTS_FILE = "results.jsonl"
-SUMMARY_FILE = "summary.json"
 GIF_DIR = "gifs"
 
 

@@ -10,11 +10,8 @@ the other did not.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from mazerl.policy.episodes import Episode
@@ -82,12 +79,3 @@ def summarize(rows: Sequence[dict[str, Any]], budget_ceiling: float) -> dict[str
         "budget_ceiling": budget_ceiling,
         "mean_response_tokens": sum(row["response_tokens"] for row in rows) / n if n else 0.0,
     }
-
-
-def read_result_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The per-maze rows of a ``results.jsonl`` (:func:`result_row` each), in file order.
-
-    The one reader of the file: eval logging, promotion and the benchmarks all call it.
-    A line that is not JSON raises :class:`json.JSONDecodeError`; blank lines are skipped.
-    """
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -20,6 +20,7 @@ from mlflow.entities import Metric
 from envs.evalset import load as load_eval_set
 from mazerl import atomic, paths
 from mazerl.cluster.ray_local import find_local_head
+from mazerl.eval_files import read_result_rows
 from mazerl.evaluation.evaluate import EvalReport
 from mazerl.evaluation.summary import exact_mcnemar_p
 from mazerl.tracking.curves import log_learning_curve
@@ -85,7 +86,7 @@ def paired_outcomes(baseline: EvalReport, final: EvalReport) -> tuple[int, int, 
     """(fixed, broken, still failing, both solved) over the mazes both evals played."""
 
     def solved(report: EvalReport) -> dict[int, bool]:
-        rows = (json.loads(line) for line in report.results_path.read_text().splitlines() if line.strip())
+        rows = read_result_rows(report.results_path)
         return {row["index"]: bool(row["solved"]) for row in rows}
 
     before, after = solved(baseline), solved(final)

@@ -20,6 +20,7 @@ from mlflow.entities import DatasetInput, InputTag, Metric
 
 from envs import evalset
 from envs.maze import optimal_moves
+from mazerl.eval_files import RESULTS_FILE, SUMMARY_FILE, read_result_rows
 from mazerl.tracking.artifacts import log_text_artifact
 from mazerl.tracking.params import safe_name
 from mazerl.tracking.store import client_for
@@ -30,7 +31,7 @@ EVAL_METRICS = {
     "success_rate": "eval/success_rate",
     "avg_moves": "eval/avg_moves",
     "parse_failure_rate": "eval/parse_failure_rate",
-    "ci_low": "eval/success_ci95_low",  # the names EvalReport.metrics() uses
+    "ci_low": "eval/success_ci95_low",
     "ci_high": "eval/success_ci95_high",
     "budget_ceiling": "eval/budget_ceiling",
     "n": "eval/n_mazes",
@@ -93,7 +94,7 @@ def log_eval_set(tracking_uri: str, run_id: str, eval_set: str | os.PathLike, co
 def read_eval_report(eval_dir: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(summary, per-maze rows) of an eval output directory (``summary.json`` + ``results.jsonl``)."""
     eval_dir = Path(eval_dir)
-    summary_path, results_path = eval_dir / "summary.json", eval_dir / "results.jsonl"
+    summary_path, results_path = eval_dir / SUMMARY_FILE, eval_dir / RESULTS_FILE
     for path in (summary_path, results_path):
         if not path.is_file():
             raise EvalReportError(
@@ -102,7 +103,7 @@ def read_eval_report(eval_dir: str | os.PathLike) -> tuple[dict[str, Any], list[
             )
     try:
         summary = json.loads(summary_path.read_text())
-        rows = [json.loads(line) for line in results_path.read_text().splitlines() if line.strip()]
+        rows = read_result_rows(results_path)
     except json.JSONDecodeError as exc:
         raise EvalReportError(f"eval_dir={str(eval_dir)!r}: unreadable JSON ({exc}); rerun the eval stage") from exc
     if not isinstance(summary, dict):
@@ -186,7 +187,7 @@ def log_eval_report(
     client.log_batch(run_id, metrics=[Metric(key, value, now_ms, step) for key, value in metrics.items()])
     if rows:
         client.log_table(run_id, data=_table_rows(rows), artifact_file=f"{prefix}/results.json")
-    for name in ("summary.json", "results.jsonl"):
+    for name in (SUMMARY_FILE, RESULTS_FILE):
         log_text_artifact(tracking_uri, run_id, eval_dir / name, prefix)
     if log_gifs:
         gifs = sorted(eval_dir.rglob("*.gif"))

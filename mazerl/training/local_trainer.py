@@ -51,10 +51,11 @@ from mazerl.evaluation.summary import result_row
 from mazerl.fingerprint import model_fingerprint
 from mazerl.policy.engines import GenerationSettings
 from mazerl.policy.episodes import Episode, run_episodes
-from mazerl.policy.loader import load_policy
+from mazerl.policy.loader import ModelLoadError, load_policy, read_adapter_config
 from mazerl.policy.prefix_engine import PrefixCachingEngine
 from mazerl.policy.vision_cache import VisionCache
 from mazerl.progress import ProgressMeter
+from mazerl.starter.record import recorded_context_mode
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, save_config
 from mazerl.training.data import epoch_of_step, step_indices
@@ -175,8 +176,6 @@ class LocalGRPOTrainer:
         self.eval_set = load_eval_set(config.eval_set)
         if config.max_turns != self.eval_set.max_moves:
             log(f"note: max_turns={config.max_turns} differs from the eval set's budget {self.eval_set.max_moves}")
-        from mazerl.starter.record import recorded_context_mode
-
         recorded = recorded_context_mode(config.base_model)
         if recorded != ("all", "all") and recorded != (config.history_images, config.history_text):
             log(
@@ -225,8 +224,6 @@ class LocalGRPOTrainer:
                 f"checkpoint step {latest.step} in {self.config.checkpoint_dir} was trained from another base model "
                 f"({state.get('base_model')}); use the same base_model or a new run_id"
             )
-        from mazerl.policy.loader import ModelLoadError, read_adapter_config
-
         try:  # before the model is loaded: PEFT's own error would come after it, and be obscure
             read_adapter_config(latest.adapter_dir)
         except ModelLoadError as exc:
