@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from envs.evalset import EvalSet
 from envs.evalset import load as load_eval_set
 from envs.maze import DIRECTIONS, Layout, MazeEnv, action_text, solve_actions
-from envs.pool import training_pool
+from envs.pool import training_pool, world_capacity
 from mazerl.policy.chat import Conversation, end_of_turn_id, image_token_id, model_inputs, render
 from mazerl.progress import ProgressMeter
 
@@ -58,19 +58,13 @@ class State:
 
 def training_mazes(eval_set: EvalSet, which: str) -> list[Layout]:
     """The warm-start's mazes: the GRPO training pool (every maze outside the eval set), plus the eval set for 'all'."""
-    world = _world_size(eval_set)
-    pool = [layout for _, layout in training_pool(eval_set, world - len(eval_set))]
-    return pool + list(eval_set.layouts) if which == "all" else pool
-
-
-def _world_size(eval_set: EvalSet) -> int:
-    """Distinct mazes of the eval set's world (7x7: 192 spanning trees x 4 corner pairs)."""
     if eval_set.size != 7:
         raise ValueError(
             f"the warm-start enumerates the 7x7 world, but eval set {eval_set.name} is {eval_set.size}x{eval_set.size}; "
             "build the starter for maze256-small-v1"
         )
-    return 768
+    pool = [layout for _, layout in training_pool(eval_set, world_capacity(eval_set))]  # all 512 outside the set
+    return pool + list(eval_set.layouts) if which == "all" else pool
 
 
 def cell_classes(layout: Layout) -> np.ndarray:

@@ -22,9 +22,10 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from mazerl.atomic import write_bytes, write_text
+from mazerl.tracking.evals import EVAL_METRICS
 
 SAMPLED_KEY = "train/success_rate"
-GREEDY_KEY = "eval/success_rate"
+GREEDY_KEY = EVAL_METRICS["success_rate"]  # the periodic greedy evals log the eval stage's name
 MAX_TABLE_ROWS = 40
 
 Series = list[tuple[int, float]]  # (step, value), ascending steps

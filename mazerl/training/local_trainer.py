@@ -56,6 +56,7 @@ from mazerl.policy.prefix_engine import PrefixCachingEngine
 from mazerl.policy.vision_cache import VisionCache
 from mazerl.progress import ProgressMeter
 from mazerl.starter.record import recorded_context_mode
+from mazerl.tracking.evals import EVAL_METRICS
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, save_config
 from mazerl.training.data import epoch_of_step, step_indices
@@ -318,9 +319,10 @@ class LocalGRPOTrainer:
         write_jsonl(config.run_dir / "evals" / f"step_{step:05d}.jsonl", rows)
         solved = [e for e in episodes if e.solved]
         return {
-            "eval/success_rate": len(solved) / len(episodes),
-            "eval/avg_moves": float(np.mean([e.moves for e in episodes])),  # per maze, solved or not
-            "eval/parse_failure_rate": sum(e.parse_failures for e in episodes) / max(sum(e.moves for e in episodes), 1),
+            EVAL_METRICS["success_rate"]: len(solved) / len(episodes),
+            EVAL_METRICS["avg_moves"]: float(np.mean([e.moves for e in episodes])),  # per maze, solved or not
+            EVAL_METRICS["parse_failure_rate"]: sum(e.parse_failures for e in episodes)
+            / max(sum(e.moves for e in episodes), 1),
         }
 
     def _samples(self, episodes: list[Episode]) -> list[TurnSample]:
