@@ -819,6 +819,7 @@ PARAMETER_CASES = {
     "eval_engine": ("tpu", "'hf' or 'vllm'"),
     "eval_gpus_per_worker": (-1, "greater than or equal to 0"),
     "preset": ("huge", "'smoke'"),
+    "recipe": ("fast", "'embedded' or 'defaults'"),
     "eval_set": ("maze65-easy-v1", "choose one of"),
     "backend": ("jax", "'local' or 'skyrl'"),
     "training": ([1], "valid dictionary"),
