@@ -227,14 +227,14 @@ KILL_AT_WRAPPER = textwrap.dedent(
         print(f"KILLED {point}:{at}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    write_marker = checkpoints._write_text_atomic
-    def kill_around_the_marker(path, text):
+    write_marker = checkpoints.write_text  # mazerl.atomic.write_text, as the checkpoints module calls it
+    def kill_around_the_marker(path, text, **kwargs):
         if path.name == checkpoints.MARKER and text == str(at) and point == "rename":
             die()  # the directory global_step_<at> is in place; the marker still names the previous step
-        write_marker(path, text)
+        write_marker(path, text, **kwargs)
         if path.name == checkpoints.MARKER and text == str(at) and point == "marker":
             die()  # the marker names step <at>; its metrics row is not in metrics.jsonl yet
-    checkpoints._write_text_atomic = kill_around_the_marker
+    checkpoints.write_text = kill_around_the_marker
 
     rollout = LocalGRPOTrainer._rollout
     def tracked_rollout(self, step):
