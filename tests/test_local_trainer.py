@@ -48,7 +48,10 @@ class MetricsSink:
 
 
 def test_training_changes_the_adapter_and_checkpoints_every_step(tmp_path, starter_model_dir):
-    config = tiny_config(tmp_path, starter_model_dir, steps=2, grpo={"update_epochs": 1})
+    # 4 samples at temperature 1.2: a group whose rewards all tie has zero advantages and moves nothing
+    config = tiny_config(
+        tmp_path, starter_model_dir, steps=2, grpo={"update_epochs": 1, "samples_per_maze": 4, "temperature": 1.2}
+    )
     sink = MetricsSink()
     result = LocalGRPOTrainer(config, log=lambda _: None).run(metrics_sink=sink)
     # one optimizer step per batch: the probability ratio is 1, nothing can clip, so no clip_fraction
