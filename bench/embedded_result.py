@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=Path(".mazerl"), help="data root of the run")
     parser.add_argument("--run", help="run id (default: the newest finished run)")
     parser.add_argument("--wall-seconds", type=float, help="wall time of the whole `make run`")
+    parser.add_argument("--note", default="", help="how the command was run (load, venv), appended to the timing")
     args = parser.parse_args(argv)
 
     run_dir = args.root / "runs" / args.run if args.run else newest_run(args.root)
@@ -76,11 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     wall = f"{args.wall_seconds / 60:.1f} min for the whole command; " if args.wall_seconds else ""
     body = f"""## The embedded learning result (`make run`)
 
-The starter (`maze-starter-v1`) trained by GRPO with the embedded recipe
+The starter (`{Path(config["base_model"]).name}`) trained by GRPO with the embedded recipe
 (`mazerl.training.recipes.EMBEDDED_TRAINING`): {config["steps"]} steps of {config["mazes_per_step"]} mazes x
 {grpo["samples_per_maze"]} samples, learning rate {config["learning_rate"]:g}, update epochs per step:
-{grpo["update_epochs"]}, temperature {grpo["temperature"]:g}, LoRA rank {config["lora"]["rank"]}, frames in the
-context: {config["history_images"]}, move budget: {config["max_turns"]}. Baseline and final: greedy on every
+{grpo["update_epochs"]}, temperature {grpo["temperature"]:g}, LoRA rank {config["lora"]["rank"]}, {config["torch_threads"]} torch
+thread(s), context mode: history_images {config["history_images"]}, history_text {config["history_text"]}, move
+budget: {config["max_turns"]}. Baseline and final: greedy on every
 maze of `{config["eval_set"]}` (none of them in the training pool).
 
 | | greedy success |
@@ -91,7 +93,7 @@ maze of `{config["eval_set"]}` (none of them in the training pool).
 
 Per maze: {summary["fixed"]} fixed, {summary["broken"]} broken, {summary["still_failing"]} still failing;
 exact McNemar p = {summary["mcnemar_p"]:.2g} (paired per-maze outcomes). Training: {trained["wall_seconds"] / 60:.1f} min wall
-({step_seconds / 60:.1f} min in the steps, the rest in the periodic evals and loading); {wall}
+({step_seconds / 60:.1f} min in the steps, the rest in the periodic evals and loading); {wall}{args.note}
 {summary["decision"]}
 
 ![learning curve](img/embedded_learning_curve.png)
