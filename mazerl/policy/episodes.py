@@ -27,8 +27,7 @@ from mazerl.policy.chat import (
     Conversation,
     HistoryImages,
     HistoryText,
-    check_history_images,
-    check_history_text,
+    check_context_mode,
     render,
 )
 from mazerl.policy.engines import (
@@ -111,8 +110,7 @@ def run_episodes(
     """
     if isinstance(engine, torch.nn.Module):  # a transformers model has a generate() too, with another signature
         raise TypeError(f"engine is a bare {type(engine).__name__}; pass an engine, e.g. HFEngine(model, processor)")
-    check_history_images(history_images)
-    check_history_text(history_text)
+    check_context_mode(history_images, history_text)
     check_format_bonus(format_bonus)
     if maze_ids is not None and len(maze_ids) != len(layouts):
         raise ValueError(f"maze_ids has {len(maze_ids)} entries for {len(layouts)} layouts; give one per layout")
