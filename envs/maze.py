@@ -228,6 +228,25 @@ def solve_actions(layout: Layout, start: tuple[int, int] | None = None) -> list[
     return actions[::-1]
 
 
+def target_distances(layout: Layout) -> np.ndarray:
+    """(H, W) moves from every open cell to the target along the maze (-1 on walls).
+
+    The training shaping term ``envs.reward.Shaping.progress`` pays the change of this distance
+    per move; in a perfect maze a move lowers it by one exactly when it is the solver's move.
+    """
+    distances = np.full(layout.walls.shape, -1, dtype=np.int64)
+    distances[layout.target] = 0
+    queue = deque([layout.target])
+    while queue:
+        cell = queue.popleft()
+        for dr, dc in DIRECTIONS.values():
+            nxt = (cell[0] + dr, cell[1] + dc)
+            if distances[nxt] < 0 and not layout.walls[nxt]:
+                distances[nxt] = distances[cell] + 1
+                queue.append(nxt)
+    return distances
+
+
 def solve(layout: Layout) -> list[str]:
     """Shortest sequence of action texts, ending with ``('stop', 'stop')``."""
     return [action_text(a) for a in solve_actions(layout)]

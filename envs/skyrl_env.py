@@ -7,7 +7,10 @@ is the feedback text plus the frame as a ``data:image/png;base64,`` ``image_url`
 
 The optional ``format_bonus`` (training only) is added to the terminal reward for the
 share of replies that parsed (:func:`envs.reward.episode_reward`, the local runner's rule too);
-it never enters the ``solved`` metric.
+it never enters the ``solved`` metric. The optional shaping terms (``progress_reward``,
+``bump_cost``: :class:`envs.reward.Shaping`, the local runner's rule too) are paid per step;
+SkyRL's GRPO sums a trajectory's step rewards into one advantage (the local backend's
+``credit: episode``).
 
 Register inside every Ray process that builds envs (SkyRL's generator does it by id)::
 
@@ -22,9 +25,9 @@ from typing import Any
 import numpy as np
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
-from envs.maze import Layout, MazeEnv
+from envs.maze import Layout, MazeEnv, target_distances
 from envs.render import png_data_uri
-from envs.reward import check_format_bonus, episode_reward
+from envs.reward import Shaping, check_format_bonus, episode_reward, turn_shaping
 
 ENV_ID = "maze2d"
 ENTRY_POINT = "envs.skyrl_env:MazeTextEnv"
@@ -68,6 +71,10 @@ class MazeTextEnv(BaseTextEnv):
         self.max_turns = int(setting("max_turns", 15))
         self.format_bonus = float(setting("format_bonus", 0.0))
         check_format_bonus(self.format_bonus)
+        self.shaping = Shaping(
+            progress=float(setting("progress_reward", 0.0)), bump_cost=float(setting("bump_cost", 0.0))
+        )
+        self.distances: np.ndarray | None = None
         self.env = MazeEnv(
             size=size,
             max_moves=self.max_turns,
@@ -80,16 +87,22 @@ class MazeTextEnv(BaseTextEnv):
     def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
         """Ignore the placeholder prompt of the dataset row; show the task and the first frame."""
         image, _ = self.env.reset(seed=self.seed, layout=self.layout)
+        self.distances = target_distances(self.env.layout) if self.shaping.active else None
         return [image_message(self.env.prompt(), image)], {}
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
         self.turns += 1
+        before = self.env.agent
         image, reward, terminated, truncated, info = self.env.step(action)
         self.parse_failures += not info["parse_ok"]
         done = terminated or truncated
         if done:
             self.solved = reward > 0
             reward = episode_reward(reward, self.env.moves - self.parse_failures, self.env.moves, self.format_bonus)
+        if self.distances is not None:
+            reward += turn_shaping(
+                self.shaping, int(self.distances[before]), int(self.distances[self.env.agent]), terminated
+            )
         observations = [] if done else [image_message(info["feedback"], image)]
         return BaseTextEnvStepOutput(
             observations=observations,

@@ -10,6 +10,7 @@ from mazerl.training.grpo import (
     clipped_surrogate,
     group_advantages,
     k3_kl,
+    turn_advantages,
 )
 
 
@@ -82,3 +83,26 @@ def test_k3_kl_is_zero_at_equality_and_positive_otherwise():
     logp = torch.log(torch.tensor([0.2, 0.5, 0.9]))
     assert torch.allclose(k3_kl(logp, logp), torch.zeros(3))
     assert (k3_kl(logp, torch.log(torch.tensor([0.4, 0.3, 0.8]))) > 0).all()
+
+
+def test_turn_advantages_add_each_turns_shaping_less_its_group_mean():
+    # Given two episodes of one maze (outcome advantages +1 and -1) and one of another maze,
+    # with hand-picked per-turn shaping rewards.
+    outcome = [1.0, -1.0, 0.5]
+    shaping = [[0.5, -0.5], [0.5, 0.5, -0.5, -0.5], [0.25]]
+    groups = ["a", "a", "b"]
+    # When the turn advantages are computed,
+    advantages = turn_advantages(outcome, shaping, groups)
+    # then each turn gets its episode's advantage + its own reward - the mean over the group's turns
+    # (group a: six turns summing to 0, mean 0; group b: one turn, mean 0.25).
+    assert advantages == [[1.5, 0.5], [-0.5, -0.5, -1.5, -1.5], [0.5]]
+
+
+def test_turn_advantages_keep_the_outcome_when_every_turn_earned_the_same():
+    advantages = turn_advantages([0.7, -0.7], [[0.5, 0.5], [0.5]], ["g", "g"])
+    assert advantages == [[pytest.approx(0.7)] * 2, [pytest.approx(-0.7)]]
+
+
+def test_turn_advantages_refuse_mismatched_lengths():
+    with pytest.raises(ValueError, match="one of each per episode"):
+        turn_advantages([1.0], [[0.0], [0.0]], ["g"])

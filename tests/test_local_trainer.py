@@ -215,3 +215,46 @@ def test_mini_batches_take_one_optimizer_step_each_and_score_old_log_probs_first
 def test_mini_batch_mazes_must_divide_mazes_per_step(tmp_path, starter_model_dir):
     with pytest.raises(ValueError, match=r"mini_batch_mazes \(3\) must divide mazes_per_step \(8\).*such as 2"):
         tiny_config(tmp_path, starter_model_dir, mazes_per_step=8, mini_batch_mazes=3)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "adapted", "not_adapted"),
+    [
+        ({}, {"language_model"}, {"visual", "lm_head"}),
+        ({"freeze_vision": False}, {"language_model", "visual.blocks", "visual.merger", "deepstack"}, {"lm_head"}),
+        ({"lora": {"target_modules": ["q_proj", "lm_head"]}}, {"language_model", "lm_head"}, {"visual"}),
+    ],
+)
+def test_adapters_go_where_the_config_says(tmp_path, starter_model_dir, overrides, adapted, not_adapted):
+    # Given a config, when the trainer attaches its adapters to the starter,
+    from mazerl.policy.loader import load_policy
+    from mazerl.training.local_trainer import attach_lora
+
+    model = attach_lora(
+        load_policy(starter_model_dir, device="cpu").model, tiny_config(tmp_path, starter_model_dir, **overrides)
+    )
+    names = [name for name, _ in model.named_parameters() if "lora_A" in name]
+    # then every part asked for has adapters, and nothing else does
+    for part in adapted:
+        assert any(part in name for name in names), f"no adapter in {part}: {names[:6]}"
+    for part in not_adapted:
+        assert not any(part in name for name in names), f"an adapter in {part}"
+
+
+def test_a_trained_vision_tower_moves_and_is_encoded_anew_each_rollout(tmp_path, starter_model_dir):
+    # Given freeze_vision: false, when two steps train,
+    config = tiny_config(
+        tmp_path,
+        starter_model_dir,
+        steps=2,
+        freeze_vision=False,
+        grpo={"update_epochs": 1, "samples_per_maze": 4, "temperature": 1.2, "progress_reward": 0.5, "credit": "turn"},
+    )
+    trainer = LocalGRPOTrainer(config, log=lambda _: None)
+    trainer.run()
+    # then the vision tower's adapters moved (per-turn shaping gives every group a gradient),
+    lora_b = {k: v for k, v in adapter_tensors(config).items() if "lora_B" in k and "visual" in k}
+    assert lora_b and any(v.abs().sum() > 0 for v in lora_b.values()), "the vision tower's adapters must train"
+    # and the training model's tower was never routed through the run-long frame cache
+    tower = next(m for n, m in trainer.model.named_modules() if n.endswith("visual"))
+    assert not hasattr(tower, "_uncached_forward"), "a trained tower must not be cached across steps"

@@ -8,6 +8,7 @@ from scripted_engines import FixedReplyEngine, SolverEngine, layout_from_frame
 
 from envs.evalset import load as load_eval_set
 from envs.maze import Layout, MazeEnv
+from envs.reward import Shaping
 from envs.skyrl_env import ENV_ID, register_maze_env
 from mazerl.policy.engines import GenerationSettings, HFEngine
 from mazerl.policy.episodes import run_episodes
@@ -100,23 +101,26 @@ class _GarbleFirstTurn(SolverEngine):
 
 
 def test_both_runners_pay_the_same_reward(processor, eval_set):
-    # given episodes of the local runner with one unreadable reply each and a format bonus
+    # given episodes of the local runner with one unreadable reply each, a format bonus and shaping
     layouts = eval_set.layouts[:6]
     engine = _GarbleFirstTurn(processor, cell_px=eval_set.cell_px)
-    episodes = run_episodes(engine, processor, layouts, GREEDY, max_moves=eval_set.max_moves, format_bonus=0.3)
+    shaping = Shaping(progress=0.5, bump_cost=0.25)
+    episodes = run_episodes(
+        engine, processor, layouts, GREEDY, max_moves=eval_set.max_moves, format_bonus=0.3, shaping=shaping
+    )
     assert any(e.solved for e in episodes) and all(e.parse_failures == 1 for e in episodes)
     register_maze_env()
     for layout, episode in zip(layouts, episodes, strict=True):
         # when the skyrl-gym adapter (the skyrl backend's env) hears the same replies
         extras = {"layout": layout.to_dict(), "max_turns": eval_set.max_moves, "cell_px": eval_set.cell_px}
-        env = skyrl_gym.make(ENV_ID, env_config={}, extras=extras | {"format_bonus": 0.3})
-        env.init([])
-        for text in episode.actions:
-            out = env.step(text)
-        # then it pays exactly the local runner's reward
-        assert out["done"] and out["reward"] == episode.reward, (
-            f"{episode.maze_id}: {out['reward']} != {episode.reward}"
+        env = skyrl_gym.make(
+            ENV_ID, env_config={}, extras=extras | {"format_bonus": 0.3, "progress_reward": 0.5, "bump_cost": 0.25}
         )
+        env.init([])
+        steps = [env.step(text) for text in episode.actions]
+        # then it pays exactly the local runner's reward: each step its shaping, the last one the task too
+        assert steps[-1]["done"] and steps[-1]["reward"] == episode.reward + episode.turns[-1].shaping
+        assert [out["reward"] for out in steps[:-1]] == [turn.shaping for turn in episode.turns[:-1]], episode.maze_id
 
 
 def test_bad_runner_arguments_are_refused(processor, eval_set):

@@ -181,6 +181,8 @@ def test_kl_coefficient_turns_the_kl_loss_on(tmp_path):
         ({"backend": "local"}, "backend"),
         ({"history_images": 2}, "history_images"),
         ({"freeze_vision": False}, "freeze_vision"),
+        ({"grpo": {"credit": "turn", "progress_reward": 0.5}}, "grpo.credit"),
+        ({"lora": {"target_modules": ["q_proj", "lm_head"]}}, "lm_head"),
         ({"lora": {"alpha": 16.5}}, "lora.alpha"),
         ({"lora": {"rank": 4, "alpha": 8}}, "lora.rank"),  # vLLM serves 1, 8, 16, 32, ... only
         ({"lora": {"rank": 48, "alpha": 96}}, "lora.rank"),
@@ -219,7 +221,9 @@ def play_solver(extras: dict) -> tuple[float, Layout]:
 
 def test_tickets_round_trip_parquet_and_play_the_named_maze(tmp_path):
     # given the embedded world's tickets written as parquet (as SkyRL reads them)
-    config = make_config(tmp_path, eval_set="maze256-small-v1", grpo={"format_bonus": 0.1}, eval_mazes=32)
+    config = make_config(
+        tmp_path, eval_set="maze256-small-v1", grpo={"format_bonus": 0.1, "progress_reward": 0.5}, eval_mazes=32
+    )
     files = write_datasets(config)
     train = pq.read_table(files.train_data).to_pylist()
     evaluation = pq.read_table(files.eval_data).to_pylist()
@@ -229,6 +233,7 @@ def test_tickets_round_trip_parquet_and_play_the_named_maze(tmp_path):
     assert len(train) == 64 and len(set(seeds)) == 64
     assert not {Layout.generate(s, 7) for s in seeds} & set(eval_set.layouts), "train mazes must avoid eval layouts"
     assert all(row["env_class"] == ENV_ID and row["format_bonus"] == 0.1 for row in train)
+    assert all(row["progress_reward"] == 0.5 and row["bump_cost"] == 0.0 for row in train), "shaping reaches the env"
     # and eval rows carry the set's exact layouts, no format bonus
     assert [row["maze_id"] for row in evaluation] == [f"maze256-small-v1/{i}" for i in range(32)]
     assert all(row["format_bonus"] == 0.0 and row["cell_px"] == 16 for row in evaluation)

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from envs.maze import ActionFormat, Layout, MazeEnv, optimal_moves
-from envs.reward import check_format_bonus, episode_reward
+from envs.maze import ActionFormat, Layout, MazeEnv, optimal_moves, target_distances
+from envs.reward import Shaping, check_format_bonus, episode_reward, turn_shaping
 from mazerl.policy.chat import (
     Conversation,
     HistoryImages,
@@ -46,6 +46,7 @@ class Turn:
     response_text: str
     parse_ok: bool
     log_probs: list[float] | None = None  # per reply token, where the engine reports them
+    shaping: float = 0.0  # the turn's training-only shaping reward (envs.reward.turn_shaping), 0 without shaping
 
 
 @dataclass
@@ -60,6 +61,11 @@ class Episode:
     parse_failures: int
     optimal_moves: int
     frames: list[np.ndarray] | None  # kept only when GIFs are requested
+
+    @property
+    def shaping(self) -> float:
+        """The episode's shaping rewards summed over its turns (training only, never success)."""
+        return sum(turn.shaping for turn in self.turns)
 
     @property
     def response_tokens(self) -> int:
@@ -80,6 +86,7 @@ class _Running:
     conversation: Conversation
     turns: list[Turn]
     frames: list[np.ndarray] | None
+    distances: np.ndarray | None  # moves to the target from every cell, when shaping is asked for
     reward: float = 0.0
     solved: bool = False
     done: bool = False
@@ -99,6 +106,7 @@ def run_episodes(
     history_text: HistoryText = "all",
     keep_frames: bool = False,
     format_bonus: float = 0.0,
+    shaping: Shaping | None = None,
     on_turn: Callable[[int, int], None] | None = None,
 ) -> list[Episode]:
     """Play every layout once with the policy behind ``engine``; episodes come back in input order.
@@ -106,7 +114,8 @@ def run_episodes(
     ``engine`` is an :class:`~mazerl.policy.engines.InferenceEngine` (wrap a bare model in
     :class:`~mazerl.policy.engines.HFEngine`). ``settings.seed`` (if set) is combined with the turn index, so a
     sampled batch is reproducible on CPU. ``on_turn(turn, active)`` is called before each
-    turn's generation (for progress output).
+    turn's generation (for progress output). ``shaping`` (training only) records each turn's
+    shaping reward in ``Turn.shaping``; it never enters ``reward`` or ``solved``.
     """
     if isinstance(engine, torch.nn.Module):  # a transformers model has a generate() too, with another signature
         raise TypeError(f"engine is a bare {type(engine).__name__}; pass an engine, e.g. HFEngine(model, processor)")
@@ -114,7 +123,8 @@ def run_episodes(
     check_format_bonus(format_bonus)
     if maze_ids is not None and len(maze_ids) != len(layouts):
         raise ValueError(f"maze_ids has {len(maze_ids)} entries for {len(layouts)} layouts; give one per layout")
-    running = [_start(layout, max_moves, action_format, cell_px, keep_frames) for layout in layouts]
+    shaping = shaping if shaping is not None and shaping.active else None
+    running = [_start(layout, max_moves, action_format, cell_px, keep_frames, shaping) for layout in layouts]
     for turn in range(max_moves):
         active = [episode for episode in running if not episode.done]
         if not active:
@@ -125,12 +135,19 @@ def run_episodes(
         requests = [GenerationRequest(input_ids=ids, images=images) for ids, images in contexts]
         results = engine.generate(requests, settings.for_turn(turn))
         for episode, (ids, images), result in zip(active, contexts, results, strict=True):
-            _advance(episode, ids, images, result, format_bonus)
+            _advance(episode, ids, images, result, format_bonus, shaping)
     ids = maze_ids if maze_ids is not None else [f"maze/{index}" for index in range(len(layouts))]
     return [_finish(episode, maze_id) for episode, maze_id in zip(running, ids, strict=True)]
 
 
-def _start(layout: Layout, max_moves: int, action_format: ActionFormat, cell_px: int, keep_frames: bool) -> _Running:
+def _start(
+    layout: Layout,
+    max_moves: int,
+    action_format: ActionFormat,
+    cell_px: int,
+    keep_frames: bool,
+    shaping: Shaping | None,
+) -> _Running:
     env = MazeEnv(size=layout.size, max_moves=max_moves, action_format=action_format, cell_px=cell_px)
     frame, _ = env.reset(layout=layout)
     return _Running(
@@ -138,6 +155,7 @@ def _start(layout: Layout, max_moves: int, action_format: ActionFormat, cell_px:
         conversation=Conversation.start(env.prompt(), frame),
         turns=[],
         frames=[frame] if keep_frames else None,
+        distances=target_distances(layout) if shaping is not None else None,
     )
 
 
@@ -147,10 +165,15 @@ def _advance(
     images: list[np.ndarray],
     result: GenerationResult,
     format_bonus: float,
+    shaping: Shaping | None,
 ) -> None:
     text = result.text
+    before = episode.env.agent
     frame, reward, terminated, truncated, info = episode.env.step(text)
     turn = Turn(input_ids, images, list(result.response_ids), text, bool(info["parse_ok"]), result.log_probs)
+    if shaping is not None:
+        distances = episode.distances
+        turn.shaping = turn_shaping(shaping, int(distances[before]), int(distances[episode.env.agent]), terminated)
     episode.turns.append(turn)
     episode.conversation.add_reply(result.response_ids, text)
     if episode.frames is not None:

@@ -65,7 +65,8 @@ class LoraConfig(StrictModel):
     )
     target_modules: tuple[str, ...] = Field(
         ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-        description="Linear layer names of the language model that get adapters (the vision tower stays frozen).",
+        description="Linear layer names of the language model that get adapters; lm_head adds the output head "
+        "(local backend). The vision tower gets adapters only with freeze_vision: false.",
     )
 
     @field_validator("rank")
@@ -99,6 +100,24 @@ class GrpoConfig(StrictModel):
     max_new_tokens: int = Field(24, ge=1, description="Token budget of one reply; an action needs about 8 tokens.")
     format_bonus: float = Field(
         0.0, ge=0, description="Training-only reward for replies that parse (never counted as success)."
+    )
+    progress_reward: float = Field(
+        0.0,
+        ge=0,
+        description="Training-only shaping per move: this times the moves it took the agent closer to the target "
+        "along the maze (+ for the solver's move, - for a step away; never counted as success). 0 disables it.",
+    )
+    bump_cost: float = Field(
+        0.0,
+        ge=0,
+        description="Training-only cost of a reply that leaves the agent where it was (a wall bump, an unreadable "
+        "reply); 0 disables it.",
+    )
+    credit: Literal["episode", "turn"] = Field(
+        "episode",
+        description="episode (SkyRL's GRPO): the shaping terms join the episode's reward and every turn shares one "
+        "advantage; turn (local backend): each turn adds its own shaping reward, less its group's mean, to the "
+        "episode's advantage, so a bump is blamed on the reply that made it.",
     )
 
     @field_validator("samples_per_maze")
@@ -192,7 +211,12 @@ class TrainConfig(StrictModel):
     learning_rate: float = Field(1e-4, description="AdamW learning rate for the LoRA weights.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
-    freeze_vision: bool = Field(True, description="Keep the vision tower frozen (adapters on the language model only).")
+    freeze_vision: bool = Field(
+        True,
+        description="true: adapters on the language model only (the vision tower frozen, each frame encoded once); "
+        "false (local backend): adapters on the vision tower's blocks and mergers too, so it can learn to see what "
+        "the policy misreads, at the cost of encoding frames anew every step.",
+    )
     checkpoint_interval: int = Field(10, ge=1, description="Save a checkpoint every N steps (and always at the end).")
     checkpoints_kept: int = Field(2, ge=1, description="Keep the last K checkpoints; older ones are deleted.")
     eval_interval: int = Field(0, ge=0, description="Greedy eval on the eval set every N steps; 0 disables.")

@@ -8,6 +8,11 @@
 - Reduction ``token_mean``: the sum of per-token losses divided by the number of
   response tokens in the whole mini-batch (not per micro-batch), so splitting a batch
   into micro-batches for memory does not change the gradient.
+- Turn credit (optional, ``credit: turn``; ours, not SkyRL's): each turn's advantage is its
+  episode's advantage plus the turn's own shaping reward minus the mean shaping reward of
+  the group's turns (DeepSeekMath's process-supervision GRPO, with the immediate reward of
+  the turn instead of the reward-to-go: in a perfect maze a move's own progress already says
+  whether it was the solver's move).
 - KL (optional, ``kl_coef > 0``): SkyRL's default ``k3`` estimator against the reference
   policy, ``exp(ref - logp) - (ref - logp) - 1``, added per token.
 """
@@ -37,6 +42,30 @@ def group_advantages(rewards: Sequence[float], group_ids: Sequence[object]) -> t
             mean, std = group_scores.mean(), group_scores.std(unbiased=True)
         advantages[members] = (group_scores - mean) / (std + ADVANTAGE_EPSILON)
     return advantages
+
+
+def turn_advantages(
+    episode_advantages: Sequence[float], turn_rewards: Sequence[Sequence[float]], group_ids: Sequence[object]
+) -> list[list[float]]:
+    """Per-turn advantages: ``episode_advantages[e] + turn_rewards[e][t] - mean(turn rewards of e's group)``.
+
+    The group mean is over every turn of every episode of the group (the same maze), so a
+    turn is credited relative to what the policy did elsewhere on that maze; a group whose
+    turns all earned the same keeps its episode advantages unchanged.
+    """
+    if not len(episode_advantages) == len(turn_rewards) == len(group_ids):
+        raise ValueError(
+            f"turn_advantages: {len(episode_advantages)} advantages, {len(turn_rewards)} reward lists and "
+            f"{len(group_ids)} group ids; give one of each per episode"
+        )
+    totals: dict[object, list[float]] = {}
+    for rewards, group in zip(turn_rewards, group_ids, strict=True):
+        totals.setdefault(group, []).extend(rewards)
+    means = {group: sum(values) / len(values) if values else 0.0 for group, values in totals.items()}
+    return [
+        [float(advantage) + float(reward) - means[group] for reward in rewards]
+        for advantage, rewards, group in zip(episode_advantages, turn_rewards, group_ids, strict=True)
+    ]
 
 
 def clipped_surrogate(

@@ -46,6 +46,7 @@ import torch
 
 from envs.evalset import load as load_eval_set
 from envs.pool import training_pool
+from envs.reward import Shaping
 from mazerl.atomic import write_jsonl, write_text
 from mazerl.evaluation.summary import result_row
 from mazerl.fingerprint import model_fingerprint
@@ -60,7 +61,7 @@ from mazerl.tracking.evals import EVAL_METRICS
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, save_config
 from mazerl.training.data import epoch_of_step, step_indices
-from mazerl.training.grpo import LOSS_REDUCTIONS, clipped_surrogate, group_advantages, k3_kl
+from mazerl.training.grpo import LOSS_REDUCTIONS, clipped_surrogate, group_advantages, k3_kl, turn_advantages
 from mazerl.training.progress import step_line
 from mazerl.training.scoring import PackedScorer, TurnSample, reply_mask
 
@@ -110,9 +111,30 @@ def rng_state() -> dict[str, Any]:
 
 
 def language_model_lora_pattern(target_modules: tuple[str, ...]) -> str:
-    """peft regex that puts adapters on the text decoder only, never the vision tower."""
-    names = "|".join(target_modules)
-    return rf".*language_model.*\.({names})"
+    """peft regex that puts adapters on the text decoder only, never the vision tower; ``lm_head``
+    among the names adapts the output head as well (it sits beside the decoder, not inside it)."""
+    names = "|".join(name for name in target_modules if name != OUTPUT_HEAD)
+    pattern = rf".*language_model.*\.({names})"
+    return f"({pattern})|{OUTPUT_HEAD}" if OUTPUT_HEAD in target_modules else pattern
+
+
+OUTPUT_HEAD = "lm_head"
+
+
+# The vision tower's linear layers (Qwen3-VL): each block's attention and MLP, the merger that
+# turns patches into image tokens, and the deepstack mergers that feed early text layers.
+VISION_LORA_PATTERN = (
+    r".*visual\.(blocks\.\d+\.(attn\.(qkv|proj)|mlp\.linear_fc[12])"
+    r"|merger\.linear_fc[12]|deepstack_merger_list\.\d+\.linear_fc[12])"
+)
+
+
+def lora_pattern(config: TrainConfig) -> str:
+    """Where the adapters go: the language model's ``lora.target_modules``, and with ``freeze_vision: false``
+    the vision tower too (so the tower can learn to put what the policy must read, the walls around
+    the agent, into the agent's own image token)."""
+    text = language_model_lora_pattern(config.lora.target_modules)
+    return text if config.freeze_vision else f"({text})|({VISION_LORA_PATTERN})"
 
 
 def attach_lora(model: torch.nn.Module, config: TrainConfig, adapter_dir: Path | None = None) -> torch.nn.Module:
@@ -126,7 +148,7 @@ def attach_lora(model: torch.nn.Module, config: TrainConfig, adapter_dir: Path |
             r=config.lora.rank,
             lora_alpha=config.lora.alpha,
             lora_dropout=config.lora.dropout,
-            target_modules=language_model_lora_pattern(config.lora.target_modules),
+            target_modules=lora_pattern(config),
             bias="none",
         )
         model = get_peft_model(model, lora)
@@ -182,12 +204,7 @@ class LocalGRPOTrainer:
             log(
                 f"note: the base model was warm-started with history_images={recorded[0]!r}, "
                 f"history_text={recorded[1]!r} but this run trains with {config.history_images!r}, "
-                f"{config.history_text!r}; its evals after merging use the recorded mode"
-            )
-        if not config.freeze_vision:
-            raise TrainingConfigError(
-                "freeze_vision (False) is not supported by the local backend: LoRA adapters go on the language "
-                "model only; set freeze_vision: true"
+                f"{config.history_text!r}; the run's baseline and final evals use the run's mode"
             )
         self.pool = training_pool(self.eval_set, config.train_pool_size)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -242,9 +259,11 @@ class LocalGRPOTrainer:
         for parameter in model.parameters():
             parameter.requires_grad_(False)
         self.model = attach_lora(model, self.config, resume_from.adapter_dir if resume_from else None)
-        # The vision tower gets no adapter, so its output per frame never changes: encode each frame once.
+        # A frozen vision tower's output per frame never changes: encode each frame once for the
+        # whole run. A trained one runs with gradients in the update, and its cache lives one rollout.
         self.vision_cache = VisionCache()
-        self.vision_cache.attach(self.model)
+        if self.config.freeze_vision:
+            self.vision_cache.attach(self.model)
         self.model.train()
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -274,6 +293,7 @@ class LocalGRPOTrainer:
             config.max_turns,
             maze_ids=[f"train/{self.pool[i][0]}" for i in indices for _ in range(config.group_size)],
             format_bonus=config.grpo.format_bonus,
+            shaping=Shaping(progress=config.grpo.progress_reward, bump_cost=config.grpo.bump_cost),
         )
 
     def _play(self, layouts: list[Any], settings: GenerationSettings, max_moves: int, **options: Any) -> list[Episode]:
@@ -302,7 +322,8 @@ class LocalGRPOTrainer:
         merging a copy (milliseconds for the starter) keeps the trained model's weights exact,
         unlike merge/unmerge in place, whose float rounding would drift step after step.
         """
-        return self.vision_cache.attach(copy.deepcopy(self.model).merge_and_unload().eval())
+        cache = self.vision_cache if self.config.freeze_vision else VisionCache()
+        return cache.attach(copy.deepcopy(self.model).merge_and_unload().eval())
 
     def _greedy_eval(self, step: int) -> dict[str, float]:
         """Greedy success on the (first ``eval_mazes`` of the) eval set with the current adapter.
@@ -326,12 +347,18 @@ class LocalGRPOTrainer:
         }
 
     def _samples(self, episodes: list[Episode]) -> list[TurnSample]:
-        rewards = [episode.reward for episode in episodes]
-        advantages = group_advantages(rewards, [episode.maze_id for episode in episodes])
+        groups = [episode.maze_id for episode in episodes]
+        if self.config.grpo.credit == "turn":  # outcome shared by the turns, shaping each turn's own
+            outcome = group_advantages([episode.reward for episode in episodes], groups).tolist()
+            per_turn = turn_advantages(outcome, [[t.shaping for t in e.turns] for e in episodes], groups)
+        else:  # the shaping terms (if any) are part of the episode's reward
+            rewards = [episode.reward + episode.shaping for episode in episodes]
+            shared = group_advantages(rewards, groups).tolist()
+            per_turn = [[advantage] * len(episode.turns) for advantage, episode in zip(shared, episodes, strict=True)]
         return [
-            TurnSample(turn.input_ids, turn.images, turn.response_ids, float(advantage), episode.maze_id, number)
-            for number, (episode, advantage) in enumerate(zip(episodes, advantages.tolist(), strict=True))
-            for turn in episode.turns
+            TurnSample(turn.input_ids, turn.images, turn.response_ids, advantage, episode.maze_id, number)
+            for number, (episode, advantages) in enumerate(zip(episodes, per_turn, strict=True))
+            for turn, advantage in zip(episode.turns, advantages, strict=True)
             if turn.response_ids and advantage != 0.0  # zero advantage: no gradient, skip the compute
         ]
 
@@ -473,6 +500,7 @@ class LocalGRPOTrainer:
                     sum(e.parse_failures for e in episodes) / max(sum(e.moves for e in episodes), 1)
                 ),
                 "train/moves_mean": float(np.mean([e.moves for e in episodes])),
+                "train/shaping_mean": float(np.mean([e.shaping for e in episodes])),
                 **update_metrics,
                 "train/rollout_seconds": rollout_seconds,
                 "train/update_seconds": update_seconds,

@@ -142,10 +142,21 @@ def check_supported(config: TrainConfig) -> None:
             f"history_text ({config.history_text!r}) is not supported by the SkyRL backend: its VLM generator "
             "keeps the whole conversation; set history_text: all or use backend: local"
         )
+    if config.grpo.credit != "episode":
+        raise SkyrlConfigError(
+            f"grpo.credit ({config.grpo.credit!r}) is not supported by the SkyRL backend: its GRPO advantage sums "
+            "a trajectory's step rewards into one value for every turn; set grpo.credit: episode (the shaping "
+            "terms are then paid per step and summed) or use backend: local"
+        )
     if not config.freeze_vision:
         raise SkyrlConfigError(
             "freeze_vision (False) is not supported by the SkyRL backend: it trains LoRA adapters on "
             "lora.target_modules only (the language model's projections); set freeze_vision: true"
+        )
+    if "lm_head" in config.lora.target_modules:
+        raise SkyrlConfigError(
+            "lora.target_modules includes lm_head, which the SkyRL backend cannot train: vLLM serves LoRA adapters "
+            "on the decoder's projections only; remove lm_head or use backend: local"
         )
     if config.lora.rank not in VLLM_LORA_RANKS:
         allowed = ", ".join(map(str, VLLM_LORA_RANKS))
@@ -311,6 +322,8 @@ def dataset_rows(config: TrainConfig) -> tuple[list[dict[str, Any]], list[dict[s
         {
             **_ticket(config, eval_set, TRAIN_DATA_SOURCE, f"train/{seed}", seed),
             "format_bonus": config.grpo.format_bonus,
+            "progress_reward": config.grpo.progress_reward,
+            "bump_cost": config.grpo.bump_cost,
         }
         for seed, _ in training_pool(eval_set, config.train_pool_size)
     ]
