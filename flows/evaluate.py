@@ -17,5 +17,5 @@ from tasks.setup import prepare_eval
 def evaluate_model(params: EvalParams) -> dict[str, float]:
     """Greedy eval of one model; results in an MLflow run of its own and as Prefect artifacts."""
     run, model_dir = prepare_eval(params)
-    settings = EvalSettings.of(params, run.eval_set)
+    settings = EvalSettings.of(params, run)
     return eval_only(run, model_dir, settings)

@@ -33,7 +33,7 @@ def pipeline(params: PipelineParams = PipelineParams()) -> PipelineSummary:  # n
     """Teach the policy to solve mazes with multi-turn GRPO and promote it if it beats its baseline."""
     run = prepare(params)
     verify_cluster(run, params)
-    settings = EvalSettings.of(params, run.eval_set)
+    settings = EvalSettings.of(params, run)
     baseline = baseline_eval(run, settings)
     trained = train.with_options(retries=params.train_retries)(run, params)
     merged = merge_lora(run, trained, params)

@@ -37,17 +37,24 @@ class EvalSettings:
     engine: str = "hf"
     max_new_tokens: int = 24
     gpus_per_worker: float = 0.0
+    # The context mode (None: the model's recorded one). A pipeline run evaluates in the mode it
+    # trains in, so its baseline and final evals and its training all see the same contexts.
+    history_images: int | str | None = None
+    history_text: int | str | None = None
 
     @classmethod
-    def of(cls, params: PipelineParams | EvalParams, eval_set: str) -> EvalSettings:
-        """The settings a pipeline or eval-only run's parameters ask for."""
+    def of(cls, params: PipelineParams | EvalParams, run: RunContext) -> EvalSettings:
+        """The settings a pipeline or eval-only run's parameters ask for, in the run's context mode."""
+        trained = run.train_config
         return cls(
-            eval_set=eval_set,
+            eval_set=run.eval_set,
             workers=params.eval_workers,
             max_mazes=params.max_eval_mazes,
             gif_count=params.gif_count,
             engine=params.eval_engine,
             gpus_per_worker=params.resolved_eval_gpus(),
+            history_images=trained.history_images if trained is not None else None,
+            history_text=trained.history_text if trained is not None else None,
         )
 
 
@@ -82,6 +89,8 @@ def _evaluate(run: RunContext, stage: str, model_dir: Path, settings: EvalSettin
         "gif_count": settings.gif_count,
         "max_mazes": settings.max_mazes,
         "max_new_tokens": settings.max_new_tokens,
+        "history_images": settings.history_images,
+        "history_text": settings.history_text,
     }
     request_path = write_request(out_dir / "request.json", request)
     # The stage's MLflow run starts with the eval job; record_eval ends it once the report is logged.

@@ -64,8 +64,10 @@ def test_two_workers_equal_one_worker_maze_by_maze(starter_model_dir, tmp_path, 
     # given the starter on the first 12 mazes of the embedded set, in chunks of 4
     common = {"eval_set": "maze256-small-v1", "max_mazes": 12, "chunk_size": 4, "gif_count": 2}
     # when evaluated with one worker and with two
-    one = evaluate(starter_model_dir, workers=1, out_dir=tmp_path / "one", **common)
+    said: list[str] = []
+    one = evaluate(starter_model_dir, workers=1, out_dir=tmp_path / "one", log=said.append, **common)
     two = evaluate(starter_model_dir, workers=2, out_dir=tmp_path / "two", **common)
+    assert not said, "the model's own context mode needs no warning"
 
     # then every maze got the same replies, and the headline numbers agree
     def lines(report):
@@ -86,6 +88,18 @@ def test_two_workers_equal_one_worker_maze_by_maze(starter_model_dir, tmp_path, 
     assert {"success_rate", "avg_moves", "parse_failure_rate"} <= set(summary), "what eval logging reads"
     assert one.avg_moves == sum(row["moves"] for row in lines(one)) / 12, "per maze, solved or not"
     assert not list(tmp_path.rglob("*.tmp")), "no temporary files left behind"
+    # and a mode the model was not trained in is played as asked, but said loudly and recorded
+    other = evaluate(
+        starter_model_dir,
+        workers=1,
+        out_dir=tmp_path / "other",
+        log=said.append,
+        history_text=0,
+        **(common | {"max_mazes": 4}),
+    )
+    assert len(said) == 1 and "history_text=0" in said[0] and "'feedback'" in said[0], said
+    summary = json.loads(other.summary_path.read_text())
+    assert summary["settings"]["history_text"] == 0 and summary["trained_context_mode"]["history_text"] == "feedback"
 
 
 @pytest.mark.parametrize(

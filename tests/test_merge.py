@@ -24,12 +24,12 @@ TARGETS = r".*language_model.*\.(q_proj|v_proj|down_proj)"  # the trainer's patt
 QUIET = {"log": lambda _: None}
 
 
-def make_adapter(base_dir: Path, out: Path, scale: float = 0.05) -> Path:
+def make_adapter(base_dir: Path, out: Path, scale: float = 0.05, targets: str = TARGETS) -> Path:
     """A peft LoRA adapter on the base with random lora_B (zero when scale is 0), saved like the trainer saves it."""
     from peft import LoraConfig, get_peft_model
 
     policy = load_policy(base_dir, device="cpu")
-    model = get_peft_model(policy.model, LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS))
+    model = get_peft_model(policy.model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
     generator = torch.Generator().manual_seed(7)
     for name, parameter in model.named_parameters():
         if "lora_B" in name:
@@ -38,10 +38,11 @@ def make_adapter(base_dir: Path, out: Path, scale: float = 0.05) -> Path:
     return out
 
 
-def make_checkpoints(root: Path, step: int, adapter: Path, fingerprint: str) -> Path:
+def make_checkpoints(root: Path, step: int, adapter: Path, fingerprint: str, config: dict | None = None) -> Path:
     def write(path: Path) -> None:
         shutil.copytree(adapter, path / checkpoints.ADAPTER_SUBDIR)
-        checkpoints.save_trainer_state(path, {"global_step": step, "base_model_fingerprint": fingerprint})
+        state = {"global_step": step, "base_model_fingerprint": fingerprint}
+        checkpoints.save_trainer_state(path, state | ({"config": config} if config else {}))
 
     checkpoints.save(root, step, write, keep=2)
     return root
@@ -130,6 +131,33 @@ def test_merged_directory_is_complete_and_recorded(starter_model_dir, trained, m
     record = json.loads((out / "merge_record.json").read_text())
     assert record["checkpoint_step"] == 3 and record["adapter_dir"].endswith("global_step_3/policy/lora_adapter")
     assert record["base_fingerprint"] == model_fingerprint(starter_model_dir)
+
+
+def test_vision_tower_adapters_are_merged_and_the_trained_context_mode_recorded(starter_model_dir, tmp_path):
+    # Given an adapter where the trainer puts one with freeze_vision: false (language model + vision
+    # tower and mergers), from a run that trained in another context mode than the starter's,
+    from mazerl.starter.record import recorded_context_mode
+    from mazerl.training.config import TrainConfig
+    from mazerl.training.local_trainer import lora_pattern
+
+    config = TrainConfig(
+        run_id="v", base_model=starter_model_dir, freeze_vision=False, history_images=1, history_text=0
+    )
+    adapter = make_adapter(starter_model_dir, tmp_path / "adapter", targets=lora_pattern(config))
+    mode = {"history_images": 1, "history_text": 0}
+    runs = make_checkpoints(tmp_path / "ckpt", 2, adapter, model_fingerprint(starter_model_dir), config=mode)
+    # when it is merged,
+    out = tmp_path / "merged"
+    report = merge_lora(starter_model_dir, runs, out, **QUIET)
+    # then the vision tower's weights changed exactly where its adapters were, the proofs held,
+    base = load_file(str(starter_model_dir / "model.safetensors"))
+    after = load_file(str(out / "model.safetensors"))
+    changed = {key for key in base if not torch.equal(base[key], after[key])}
+    expected = adapted_weight_keys(adapter)
+    assert any("visual" in key for key in expected) and any("language_model" in key for key in expected)
+    assert changed == expected and report.changed_tensors == len(expected)
+    # and the merged model's own context mode is the one it was trained in, not the starter's
+    assert recorded_context_mode(out) == (1, 0) != recorded_context_mode(starter_model_dir)
 
 
 def test_repeated_merge_reuses_the_directory(starter_model_dir, trained, merged):

@@ -141,12 +141,15 @@ def evaluate(
     gpus_per_worker: float | None = None,
     device: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    log: Callable[[str], None] = print,
 ) -> EvalReport:
     """Evaluate a model (optionally with a LoRA ``adapter``) greedily on every maze of ``eval_set``.
 
     ``history_images``, ``history_text``: None uses the model's recorded setting (the starter's) or "all".
     ``gpus_per_worker``: None gives each worker one GPU for vllm and none for hf.
-    ``progress(done, total)`` is called as chunks of mazes finish.
+    ``progress(done, total)`` is called as chunks of mazes finish. A mode other than the one the
+    model was trained in is allowed (a run that trains in another mode evaluates its starter in
+    that mode too) but said loudly through ``log`` and recorded in the summary.
     """
     started = time.perf_counter()
     model_dir = Path(model_dir).expanduser().resolve()
@@ -158,6 +161,13 @@ def evaluate(
     history = default_history_images(model_dir) if history_images is None else history_images
     text = default_history_text(model_dir) if history_text is None else history_text
     check_context_mode(history, text)
+    recorded = recorded_context_mode(model_dir)
+    if recorded != ("all", "all") and recorded != (history, text):
+        log(
+            f"warning: evaluating {model_dir.name} with history_images={history!r}, history_text={text!r}, but it was "
+            f"trained with history_images={recorded[0]!r}, history_text={recorded[1]!r}: it sees contexts it was not "
+            "trained on"
+        )
     out_dir = Path(out_dir).expanduser().resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     job = EvalJob(
@@ -185,6 +195,7 @@ def evaluate(
     summary = _summary(model_dir, adapter, mazes, count, job, rows, gif_paths, out_dir, workers)
     summary["worker_placement"] = placement  # node, GPUs and device of each worker
     summary["gpus_per_worker"] = gpus
+    summary["trained_context_mode"] = {"history_images": recorded[0], "history_text": recorded[1]}
     summary["rollout_seconds"] = round(rollout_seconds, 3)
     summary["episodes_per_second"] = count / rollout_seconds if rollout_seconds > 0 else 0.0
     summary["wall_seconds"] = round(time.perf_counter() - started, 3)

@@ -217,11 +217,19 @@ def _copy_base_files(base_dir: Path, target: Path) -> None:
             shutil.copy2(path, target / name)
 
 
-def _carry_starter_record(base_dir: Path, target: Path, merged: torch.nn.Module, merge_info: dict[str, Any]) -> None:
-    """Keep the starter's record (the eval reads its ``history_images`` from it) with the merged weights' digest.
+def _carry_starter_record(
+    base_dir: Path,
+    target: Path,
+    merged: torch.nn.Module,
+    merge_info: dict[str, Any],
+    context_mode: dict[str, Any] | None,
+) -> None:
+    """Keep the starter's record (the eval reads its context mode from it) with the merged weights' digest.
 
     The base's digest moves to ``base_weights_sha256`` and ``merged`` says where the
-    weights came from, so the record stays true of the directory it is in.
+    weights came from, so the record stays true of the directory it is in; ``context_mode``
+    (the mode the adapter was trained in) becomes the merged model's own, which an eval
+    without a mode of its own then uses.
     """
     source = base_dir / RECORD_FILE
     if not source.is_file():
@@ -230,6 +238,8 @@ def _carry_starter_record(base_dir: Path, target: Path, merged: torch.nn.Module,
     record["base_weights_sha256"] = record.get("weights_sha256")
     record["weights_sha256"] = weights_digest(merged)
     record["merged"] = merge_info
+    if context_mode is not None:
+        record["context_mode"] = context_mode
     (target / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
@@ -240,6 +250,7 @@ def merge_adapter(
     *,
     checkpoint_step: int | None = None,
     expected_base_fingerprint: str | None = None,
+    trained_context_mode: dict[str, Any] | None = None,
     probe_eval_set: str = EMBEDDED_EVAL_SET,
     device: str | None = None,
     proof_dtype: str | None = None,
@@ -252,7 +263,8 @@ def merge_adapter(
     """Merge ``adapter_dir`` into ``base_model_dir``, prove it, save to ``out_dir``; see the module docstring.
 
     ``expected_base_fingerprint`` (from the checkpoint's trainer state) refuses a base model
-    other than the one the adapter was trained on. ``proof_dtype``/``save_dtype`` None: the base
+    other than the one the adapter was trained on; ``trained_context_mode`` (its ``history_images``
+    and ``history_text``) is recorded as the merged model's context mode. ``proof_dtype``/``save_dtype`` None: the base
     model's stored dtype. ``atol``/``rtol`` default to :data:`TOLERANCES` for ``proof_dtype``.
     ``available_memory`` (bytes, source) None: measured here; a merge that would not fit is
     refused with :class:`~mazerl.merge.memory.MergeMemoryError` before loading.
@@ -346,7 +358,7 @@ def merge_adapter(
             "adapter_sha256": adapter_sha,
             "checkpoint_step": checkpoint_step,
         }
-        _carry_starter_record(base_dir, tmp, merged, merge_info)
+        _carry_starter_record(base_dir, tmp, merged, merge_info, trained_context_mode)
         del merged, peft_model, policy
         gc.collect()
         if torch.cuda.is_available():
@@ -415,6 +427,18 @@ def merge_lora(
         fingerprint = fingerprint or checkpoints.recorded_base_fingerprint(Path(checkpoints_dir))
     except checkpoints.CheckpointError as exc:
         raise MergeError(str(exc)) from exc
+    trained = state.get("config") if isinstance(state, dict) else None  # the local backend's TrainConfig
+    mode = (
+        {key: trained[key] for key in ("history_images", "history_text")}
+        if isinstance(trained, dict) and {"history_images", "history_text"} <= trained.keys()
+        else None
+    )
     return merge_adapter(
-        base_model_dir, adapter_dir, out_dir, checkpoint_step=step, expected_base_fingerprint=fingerprint, **options
+        base_model_dir,
+        adapter_dir,
+        out_dir,
+        checkpoint_step=step,
+        expected_base_fingerprint=fingerprint,
+        trained_context_mode=mode,
+        **options,
     )

@@ -31,12 +31,15 @@ def read_record(model_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 def recorded_context_mode(model_dir: str | os.PathLike) -> tuple[int | str, int | str]:
-    """(history_images, history_text) a starter was warm-started with; ("all", "all") for other models.
+    """(history_images, history_text) the model was last trained in: a merged model's training
+    (``context_mode``, written by the merge), else the starter's warm-start; ("all", "all") for
+    other models.
 
     Records written before ``history_text`` existed kept the whole text history.
     """
     path = Path(model_dir) / RECORD_FILE
     if not path.is_file():
         return "all", "all"
-    config = json.loads(path.read_text())["config"]
-    return config.get("history_images", "all"), config.get("history_text", "all")
+    record = json.loads(path.read_text())
+    mode = record.get("context_mode") or record["config"]
+    return mode.get("history_images", "all"), mode.get("history_text", "all")
