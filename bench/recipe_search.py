@@ -1,0 +1,161 @@
+"""Recipe search on 2 cores: training arms one after another, each over several seeds, judged on
+every held-out maze at fixed steps.
+
+    # run the arms of a JSON file ({"arm name": {training overrides}, ...}) over seeds 0 and 1
+    python bench/recipe_search.py train --arms bench/arms.json --model DIR --root /tmp/search --seeds 0 1
+    # the table: greedy success at every eval step per seed, fixed / broken and McNemar at the last
+    python bench/recipe_search.py report --arms bench/arms.json --model DIR --root /tmp/search --seeds 0 1
+
+Why one after another: two training processes side by side on 2 cores made each 3-10x slower
+and got arms stopped before they said anything. Each arm's overrides go over the embedded recipe
+(``mazerl.training.recipes.EMBEDDED_TRAINING``) as ``--training`` does; ``eval_interval`` and
+``eval_mazes`` should stay as the recipe has them (all 256 mazes) so every arm is judged on the
+same mazes at the same steps. A finished (arm, seed) is skipped when ``train`` runs again, so a
+search that was stopped continues where it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.learning_result import baseline_rows, kinds_of  # noqa: E402
+from mazerl.eval_files import read_result_rows  # noqa: E402
+
+
+def arm_root(root: Path, arm: str) -> Path:
+    return root / arm.replace(" ", "_")
+
+
+def run_dir(root: Path, arm: str, seed: int) -> Path:
+    return arm_root(root, arm) / "runs" / f"seed{seed}"
+
+
+def train(args: argparse.Namespace, arms: dict[str, dict]) -> None:
+    from mazerl.training.config import TrainConfig, save_config
+    from mazerl.training.recipes import EMBEDDED_TRAINING, deep_merge
+
+    for arm, overrides in arms.items():
+        for seed in args.seeds:
+            directory = run_dir(args.root, arm, seed)
+            if (directory / "train_result.json").is_file():
+                print(f"{arm} seed {seed}: done already, skipped", flush=True)
+                continue
+            values = deep_merge(EMBEDDED_TRAINING, overrides) | {
+                "run_id": f"seed{seed}",
+                "seed": seed,
+                "data_root": str(arm_root(args.root, arm)),
+                "base_model": str(args.model),
+                "eval_set": "maze256-small-v1",
+                "mlflow": {"tracking_uri": f"sqlite:///{args.root}/mlflow.db", "experiment": "recipe-search"},
+            }
+            config = TrainConfig.model_validate(values)
+            path = save_config(config, arm_root(args.root, arm) / f"seed{seed}.json")
+            print(f"{arm} seed {seed}: training ({json.dumps(overrides)})", flush=True)
+            load = [os.getloadavg()[0]]
+            started = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "mazerl.training.local_entry", "--config", str(path)], check=True)
+            load.append(os.getloadavg()[0])
+            (directory / "search.json").write_text(
+                json.dumps({"load": load, "wall_seconds": time.perf_counter() - started})
+            )
+
+
+def mcnemar(solved: list[bool], base: list[bool]) -> tuple[int, int, float]:
+    from mazerl.evaluation.summary import exact_mcnemar_p
+
+    fixed = sum(s and not b for s, b in zip(solved, base, strict=True))
+    broken = sum(b and not s for s, b in zip(solved, base, strict=True))
+    return fixed, broken, exact_mcnemar_p(fixed, broken)
+
+
+def arm_result(root: Path, arm: str, seed: int, base: list[bool]) -> dict | None:
+    directory = run_dir(root, arm, seed)
+    evals = sorted((directory / "evals").glob("step_*.jsonl"))
+    if not evals:
+        return None
+    curve = {}
+    for path in evals:
+        rows = sorted(read_result_rows(path), key=lambda r: r["index"])
+        curve[int(path.stem.split("_")[1])] = [bool(r["solved"]) for r in rows]
+    last = max(curve)
+    fixed, broken, p = mcnemar(curve[last], base)
+    info = json.loads((directory / "search.json").read_text()) if (directory / "search.json").is_file() else {}
+    final_rows = sorted(read_result_rows(evals[-1]), key=lambda r: r["index"])
+    return {
+        "curve": {step: sum(solved) / len(solved) for step, solved in curve.items()},
+        "last": last,
+        "fixed": fixed,
+        "broken": broken,
+        "p": p,
+        "wall": info.get("wall_seconds"),
+        "kinds": kinds_of(final_rows),
+        "complete": (directory / "train_result.json").is_file(),
+    }
+
+
+def report(args: argparse.Namespace, arms: dict[str, dict]) -> str:
+    base_rows = baseline_rows(args.model, args.root / "baseline_rows.jsonl")
+    base = [bool(r["solved"]) for r in sorted(base_rows, key=lambda r: r["index"])]
+    baseline = sum(base) / len(base)
+    lines = [
+        f"Baseline (the starter, greedy, all 256 held-out mazes): {baseline:.1%}.",
+        "",
+        "| arm | overrides over the embedded recipe | seed | greedy success by step | fixed / broken | "
+        "McNemar p | wall s | wall bumps / loops |",
+        "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for arm, overrides in arms.items():
+        finals = []
+        for seed in args.seeds:
+            result = arm_result(args.root, arm, seed, base)
+            if result is None:
+                continue
+            curve = " / ".join(f"{step}: {value:.1%}" for step, value in sorted(result["curve"].items()))
+            wall = f"{result['wall']:.0f}" if result["wall"] else ""
+            status = "" if result["complete"] else " (stopped)"
+            kinds = result["kinds"]
+            lines.append(
+                f"| {arm}{status} | `{json.dumps(overrides)}` | {seed} | {curve} | {result['fixed']} / "
+                f"{result['broken']} | {result['p']:.1g} | {wall} | {kinds['wall bumps']} / {kinds['loop']} |"
+            )
+            finals.append(result["curve"][result["last"]])
+        if len(finals) > 1:
+            lines.append(
+                f"| {arm}: mean | | | {statistics.mean(finals):.1%} (range {min(finals):.1%}-{max(finals):.1%}) "
+                f"| | | | |"
+            )
+    body = "\n".join(lines)
+    print(body)
+    return body
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=("train", "report"))
+    parser.add_argument("--arms", type=Path, required=True, help='JSON file: {"arm": {training overrides}}')
+    parser.add_argument("--model", type=Path, required=True, help="the starter directory")
+    parser.add_argument("--root", type=Path, required=True, help="where the arms' runs go")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--only", nargs="*", help="run or report only these arms")
+    args = parser.parse_args()
+    args.root, args.model = args.root.resolve(), args.model.resolve()
+    arms = json.loads(args.arms.read_text())
+    if args.only:
+        unknown = sorted(set(args.only) - set(arms))
+        if unknown:
+            parser.error(f"--only names arms not in {args.arms}: {unknown}")
+        arms = {name: arms[name] for name in args.only}
+    train(args, arms) if args.command == "train" else report(args, arms)
+
+
+if __name__ == "__main__":
+    main()
