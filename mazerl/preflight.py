@@ -343,6 +343,8 @@ def _check_mlflow_server(uri: str, experiment: str) -> None:
     answer = fetch(url, headers=mlflow_auth_headers(), context=mlflow_tls_context())
     if isinstance(answer, str):
         raise _tracking_error(uri, f"the MLflow server {answer}", start)
+    if answer.status in (401, 403) and os.environ.get("MLFLOW_TRACKING_AUTH"):
+        return  # an MLflow auth plugin signs MLflow's own requests; this probe cannot, so MLflow is left to say
     if answer.status in (401, 403):
         raise _tracking_error(
             uri,

@@ -117,7 +117,8 @@ def prepare_eval(params: EvalParams) -> tuple[RunContext, Path]:
     """Resolve the model (a directory, or a registry version/alias), find or start Ray, open one MLflow run."""
     logger = get_run_logger()
     tracking_uri = params.resolved_tracking_uri()
-    check_tracking_uri(tracking_uri)  # seconds, not MLflow's minutes of retries
+    # seconds, not MLflow's minutes of retries; the embedded store's directory is the data root, made below
+    check_tracking_uri(tracking_uri, params.experiment, embedded=params.tracking_uri is None)
     root = params.root()
     paths.make_data_root(root)
     if params.model_dir is not None:
