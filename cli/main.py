@@ -12,9 +12,18 @@ from mazerl.evaluation.cli import add_eval_command
 from mazerl.starter.cli import add_build_starter_command
 from mazerl.tracking.ui_cli import add_ui_command
 
+MAX_SEED = 2**32 - 1  # numpy's seeding takes 0 .. 2**32 - 1
+
 
 def _demo(args: argparse.Namespace) -> int:
-    env = MazeEnv(size=args.size, max_moves=50)
+    if not 0 <= args.seed <= MAX_SEED:
+        print(f"error: --seed {args.seed} must be between 0 and {MAX_SEED}", file=sys.stderr)
+        return 2
+    try:
+        env = MazeEnv(size=args.size, max_moves=50)
+    except ValueError as exc:  # the world's own rule: an odd size >= 5
+        print(f"error: --size: {exc}", file=sys.stderr)
+        return 2
     env.reset(seed=args.seed)
     print(env.render_text(), "\n")
     for text in solve(env.layout):

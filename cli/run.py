@@ -14,19 +14,20 @@ the fix), 1 a failure during the run (its record is the failed Prefect flow run)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from pydantic import ValidationError
 
 from mazerl import paths
 from mazerl.cluster.ray_local import check_temp_dir, find_local_head, local_ray_head
-from mazerl.params import PRESETS, PipelineParams
-from mazerl.preflight import check_pipeline_inputs, check_ray_address
+from mazerl.input_files import InputFileError, parse_json, read_input_text
+from mazerl.params import PRESETS, PipelineParams, control_character, redacted
+from mazerl.preflight import InputError, check_pipeline_inputs, check_ray_address, check_ray_address_env, fetch
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
@@ -77,9 +78,9 @@ def add_run_command(subparsers: argparse._SubParsersAction) -> None:
 def json_object(text: str, what: str, example: str) -> dict[str, Any]:
     """``text`` parsed as a JSON object; the error names ``what`` (a flag, or a file and its flag)."""
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise FlagError(f"{what} is not valid JSON ({exc}); give a JSON object, e.g. {example}") from None
+        value = parse_json(text, what, example)
+    except InputFileError as exc:
+        raise FlagError(str(exc)) from None
     if not isinstance(value, dict):
         kind = JSON_KINDS.get(type(value), type(value).__name__)
         raise FlagError(f"{what} holds a JSON {kind}, not an object; give an object, e.g. {example}")
@@ -87,19 +88,18 @@ def json_object(text: str, what: str, example: str) -> dict[str, Any]:
 
 
 def read_params_file(path: str) -> dict[str, Any]:
-    """The ``--params`` file as a dict; every error names the file and the flag."""
+    """The ``--params`` file as a dict; every error names the file and the flag.
+
+    Only a regular file of bounded size is read (:mod:`mazerl.input_files`): a FIFO or ``/dev/zero``
+    is refused instead of blocking or filling memory, and nesting is bounded.
+    """
     what = f"--params {path}"
+    example = '{"base_model": "/models/qwen3-vl", "training": {"steps": 40}}'
     try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise FlagError(f"{what} cannot be read ({exc.strerror}); give a JSON file of pipeline parameters") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise FlagError(
-            f"{what} is not UTF-8 text (byte {data[exc.start]:#04x} at position {exc.start}); save it as UTF-8 JSON"
-        ) from None
-    return json_object(text, what, '{"base_model": "/models/qwen3-vl", "training": {"steps": 40}}')
+        text = read_input_text(path, what, "a JSON file of pipeline parameters")
+    except InputFileError as exc:
+        raise FlagError(str(exc)) from None
+    return json_object(text, what, example)
 
 
 def build_params(args: argparse.Namespace) -> PipelineParams:
@@ -142,10 +142,46 @@ def describe(exc: Exception) -> str:
 def check_run_inputs(params: PipelineParams) -> None:
     """Everything ``mazerl run`` can check in about a second, before it starts or writes anything."""
     check_pipeline_inputs(params)
+    check_prefect_api()
     if params.ray_address is None:
+        check_ray_address_env()
         check_temp_dir()  # the embedded head's (TMPDIR too long, or a directory others can write)
     else:
         check_ray_address(params.ray_address)
+
+
+def check_prefect_api() -> None:
+    """A Prefect server named by ``PREFECT_API_URL`` answers its health check, before the Ray head starts.
+
+    Without the variable ``mazerl run`` runs Prefect embedded (nothing to check). Prefect's
+    ``/health`` answers ``true``; anything else is not a Prefect API.
+    """
+    url = os.environ.get("PREFECT_API_URL", "").strip()
+    if not url:
+        return
+    shown = redacted(url)
+    fix = (
+        "start the server (prefect server start), correct PREFECT_API_URL (e.g. http://127.0.0.1:4200/api), or "
+        "unset it (unset PREFECT_API_URL) to run Prefect embedded under the data root"
+    )
+    if urlparse(url).scheme not in ("http", "https") or control_character(url):
+        raise InputError("PREFECT_API_URL", f"PREFECT_API_URL={shown!r} is not an http(s) address; {fix}")
+    key = os.environ.get("PREFECT_API_KEY")
+    answer = fetch(f"{url.rstrip('/')}/health", headers={"Authorization": f"Bearer {key}"} if key else None)
+    if isinstance(answer, str):
+        raise InputError("PREFECT_API_URL", f"PREFECT_API_URL={shown!r}: the Prefect server {answer}; {fix}")
+    if answer.status in (401, 403):
+        raise InputError(
+            "PREFECT_API_URL",
+            f"PREFECT_API_URL={shown!r}: the Prefect server refused this client (HTTP {answer.status}); set "
+            "PREFECT_API_KEY to a key of that workspace, or unset PREFECT_API_URL to run Prefect embedded",
+        )
+    if answer.status != 200 or answer.json() is not True:
+        raise InputError(
+            "PREFECT_API_URL",
+            f"PREFECT_API_URL={shown!r}: the address answered, but not as a Prefect API (HTTP {answer.status} "
+            f"{answer.content_type} for /health); {fix}",
+        )
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -153,7 +189,7 @@ def run_command(args: argparse.Namespace) -> int:
         params = build_params(args)
         check_run_inputs(params)
         root = params.root()
-        root.mkdir(parents=True, exist_ok=True)
+        paths.make_data_root(root)
     except (ValueError, OSError) as exc:  # pydantic's ValidationError, InputError, FlagError are ValueErrors
         print(f"error: {describe(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT

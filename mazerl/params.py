@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlparse
+from urllib.parse import ParseResult, urlparse
 
 from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
@@ -27,7 +28,7 @@ from mazerl.training.recipes import (
     resolve_train_config,
 )
 
-REGISTERED_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\- ]{0,254}$")
+REGISTERED_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\- ]*")  # whole name (fullmatch: "$" passes a "\n")
 
 
 def _check_eval_set(value: str | None) -> str | None:
@@ -37,7 +38,12 @@ def _check_eval_set(value: str | None) -> str | None:
 
 
 def _check_registered_model(value: str | None) -> str | None:
-    if value is not None and not REGISTERED_MODEL_NAME.match(value):
+    if value is not None and len(value) > MLFLOW_NAME_MAX_CHARS:
+        raise ValueError(
+            f"registered model name is {len(value)} characters; MLflow's database stores keep at most "
+            f"{MLFLOW_NAME_MAX_CHARS}: give a shorter name, e.g. 'maze-vlm'"
+        )
+    if value is not None and not REGISTERED_MODEL_NAME.fullmatch(value):
         raise ValueError(
             f"registered model name {value!r} may use only letters, digits, '_', '-', '.' and spaces, "
             "starting with a letter or digit"
@@ -45,22 +51,155 @@ def _check_registered_model(value: str | None) -> str | None:
     return value
 
 
+# What a tracking URI may be, in the words every refusal of one ends with.
+TRACKING_URI_FORMS = (
+    "use an MLflow server (http(s)://host:port), sqlite:////absolute/path/mlflow.db, a database "
+    "(postgresql://, mysql:// or mssql://host/db), a SageMaker managed MLflow ARN "
+    "(arn:aws:sagemaker:<region>:<account>:mlflow-tracking-server/<name>), or leave it empty for the embedded store"
+)
+DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")  # MLflow's SQL stores besides SQLite (scheme or scheme+driver)
+# The smallest name limit of MLflow's stores: the experiments and registered_models tables' VARCHAR(256)
+# (PostgreSQL and MySQL enforce it; MLflow's own check allows 500 and SQLite anything).
+MLFLOW_NAME_MAX_CHARS = 256
+# SageMaker's own patterns: a region (us-east-1, us-gov-west-1), a 12-digit account, a tracking server name
+# (CreateMlflowTrackingServer's TrackingServerName) and a HyperPod cluster name (CreateCluster's ClusterName).
+ARN_PARTITIONS = ("aws", "aws-us-gov")  # the partitions the sagemaker-mlflow plugin resolves
+AWS_REGION = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-[0-9]+")
+AWS_ACCOUNT = re.compile(r"[0-9]{12}")
+TRACKING_SERVER_NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,255}")
+HYPERPOD_CLUSTER_NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
+HYPERPOD_CLUSTER_ARN = re.compile(r"arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:[0-9]{12}:cluster/[a-z0-9]{12}")
+
+
+def control_character(value: str) -> str | None:
+    """The first control character in ``value`` (NUL, newline, tab, ...), as repr shows it, or None."""
+    found = next((char for char in value if unicodedata.category(char) == "Cc"), None)
+    return None if found is None else repr(found)
+
+
+def redacted(address: str) -> str:
+    """``address`` as messages may show it: a ``user:password@`` part becomes ``***@``."""
+    head, sep, rest = address.partition("://")
+    if not sep:
+        return address
+    netloc, slash, path = rest.partition("/")
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    return f"{head}{sep}{netloc}{slash}{path}"
+
+
+def _parsed_url(value: str, field: str, fix: str) -> ParseResult:
+    """``value`` parsed, its host and port read (urlparse defers those errors); a ValueError names ``field``."""
+    try:
+        parsed = urlparse(value)
+        parsed.port  # noqa: B018 (raises for a port out of range or not a number)
+    except ValueError as exc:  # "Invalid IPv6 URL", "Port out of range 0-65535", ...
+        raise ValueError(f"{field} {redacted(value)!r} is not a valid address ({exc}); {fix}") from None
+    return parsed
+
+
+def check_sagemaker_arn(value: str) -> str:
+    """A SageMaker managed MLflow tracking server's ARN, checked part by part so an error names the rule."""
+    parts = value.split(":", 5)
+    form = "arn:aws:sagemaker:<region>:<account>:mlflow-tracking-server/<name>"
+    problem = None
+    if len(parts) != 6 or parts[0] != "arn" or parts[2] != "sagemaker":
+        problem = f"a SageMaker managed MLflow ARN has the form {form}"
+    elif parts[1] not in ARN_PARTITIONS:
+        problem = f"its partition {parts[1]!r} is not one of {list(ARN_PARTITIONS)}"
+    elif not AWS_REGION.fullmatch(parts[3]):
+        problem = f"its region {parts[3]!r} is not an AWS region such as us-east-1"
+    elif not AWS_ACCOUNT.fullmatch(parts[4]):
+        problem = f"its account {parts[4]!r} is not a 12-digit AWS account id"
+    else:
+        kind, _, name = parts[5].partition("/")
+        if kind != "mlflow-tracking-server":
+            problem = f"its resource {kind!r} is not mlflow-tracking-server/<name>"
+        elif not TRACKING_SERVER_NAME.fullmatch(name):
+            problem = (
+                f"its tracking server name {name!r} is not a SageMaker tracking server name (1-256 letters, "
+                "digits and hyphens, starting and ending with a letter or digit)"
+            )
+    if problem:
+        raise ValueError(
+            f"tracking_uri {value!r} is not a SageMaker managed MLflow ARN: {problem}; copy the ARN "
+            "(aws sagemaker describe-mlflow-tracking-server --tracking-server-name <name> --query TrackingServerArn)"
+        )
+    return value
+
+
 def _check_tracking_uri(value: str | None) -> str | None:
+    """The form of a tracking URI (no network, no files: the preflight checks those where the run starts)."""
     if value is None:
         return value
-    parsed = urlparse(value)
-    if parsed.scheme in ("http", "https") and parsed.netloc:
+    char = control_character(value)
+    if char:
+        raise ValueError(f"tracking_uri holds a control character ({char}); {TRACKING_URI_FORMS}")
+    if value.startswith("arn:"):
+        return check_sagemaker_arn(value)
+    parsed = _parsed_url(value, "tracking_uri", TRACKING_URI_FORMS)
+    scheme = parsed.scheme.lower()
+    if scheme in ("http", "https"):
+        if not parsed.hostname:
+            raise ValueError(f"tracking_uri {redacted(value)!r} names no host; {TRACKING_URI_FORMS}")
+        if parsed.username is not None or parsed.password is not None:
+            raise ValueError(
+                f"tracking_uri {redacted(value)!r} carries credentials (user:password@), which would be written "
+                "into the run's config and logs; give the address alone and set MLFLOW_TRACKING_USERNAME and "
+                "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) in the environment, and name them in "
+                "MAZERL_JOB_ENV for the training jobs"
+            )
         return value
-    if parsed.scheme in ("sqlite", "postgresql", "mysql", "databricks", "file") or value.startswith("/"):
+    if scheme == "sqlite":
+        path = value[len("sqlite://") :]
+        if path in ("", "/") or path.startswith("/:memory:") or not path.startswith("/"):
+            raise ValueError(
+                f"tracking_uri {value!r} names no database file; use sqlite:////absolute/path/mlflow.db (four "
+                "slashes before an absolute path), or leave it empty for the embedded store"
+            )
+        if not path.startswith("//"):
+            raise ValueError(
+                f"tracking_uri {value!r} names a relative path ({path[1:]!r}), which every process (the flow, "
+                "each Ray job) would look for in its own working directory; give an absolute path: "
+                f"sqlite:///{Path(path[1:]).absolute()}"
+            )
         return value
-    raise ValueError(
-        f"tracking_uri {value!r} is not a tracking URI; use http(s)://host:port, sqlite:///path/mlflow.db "
-        "or leave it empty for the embedded store"
+    if scheme.split("+")[0] in DATABASE_SCHEMES:
+        if not parsed.hostname:
+            raise ValueError(f"tracking_uri {redacted(value)!r} names no database host; {TRACKING_URI_FORMS}")
+        return value
+    if scheme == "file" or value.startswith(("/", ".", "~")):
+        raise ValueError(
+            f"tracking_uri {value!r} is an MLflow file store, which MLflow 3 refuses (maintenance mode); use "
+            "sqlite:////absolute/path/mlflow.db (`mlflow migrate-filestore` moves an existing store), an MLflow "
+            "server, or leave it empty for the embedded store"
+        )
+    if scheme.startswith("databricks"):
+        raise ValueError(
+            f"tracking_uri {value!r}: Databricks is not supported by mazerl (its registry aliases and artifact "
+            f"locations were never tried); {TRACKING_URI_FORMS}"
+        )
+    raise ValueError(f"tracking_uri {redacted(value)!r} is not a tracking URI; {TRACKING_URI_FORMS}")
+
+
+def check_ray_address_form(value: str | None) -> str | None:
+    """The form of a Ray address (the preflight asks it for an answer where the run starts)."""
+    if value is None:
+        return value
+    fix = (
+        "give the dashboard's job server, e.g. http://<head>:8265, or sagemaker_ray://<cluster>/<namespace>; leave "
+        "it empty to start a local Ray instance"
     )
-
-
-def _check_ray_address(value: str | None) -> str | None:
-    if value is not None and not re.match(r"^(https?|sagemaker_ray)://[^\s/]+", value):
+    char = control_character(value)
+    if char:
+        raise ValueError(f"ray_address holds a control character ({char}); {fix}")
+    parsed = _parsed_url(value, "ray_address", fix)
+    if parsed.username is not None or parsed.password is not None:
+        raise ValueError(
+            f"ray_address {redacted(value)!r} carries credentials (user:password@), which Ray's job server does "
+            "not take; give the address alone, and the cluster's token in RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"
+        )
+    if not re.match(r"^(https?|sagemaker_ray)://[^\s/]+", value) or not parsed.hostname:
         raise ValueError(
             f"ray_address {value!r} must look like http://host:8265 (the dashboard's job server) or "
             "sagemaker_ray://<cluster>/<namespace>; leave it empty to start a local Ray instance"
@@ -71,14 +210,49 @@ def _check_ray_address(value: str | None) -> str | None:
 def _check_experiment(value: str) -> str:
     if not value.strip():
         raise ValueError(f"experiment ({value!r}) is empty; give an MLflow experiment name, e.g. 'vlm-maze-grpo'")
+    char = control_character(value)
+    if char:
+        raise ValueError(
+            f"experiment {value!r} holds a control character ({char}); give a name of printable characters, "
+            "e.g. 'vlm-maze-grpo'"
+        )
+    if len(value) > MLFLOW_NAME_MAX_CHARS:
+        raise ValueError(
+            f"experiment is {len(value)} characters; MLflow's database stores keep at most {MLFLOW_NAME_MAX_CHARS}: "
+            "give a shorter name, e.g. 'vlm-maze-grpo'"
+        )
     return value
+
+
+def _check_hyperpod_cluster(value: str | None) -> str | None:
+    if value is not None and not (HYPERPOD_CLUSTER_NAME.fullmatch(value) or HYPERPOD_CLUSTER_ARN.fullmatch(value)):
+        raise ValueError(
+            f"hyperpod_cluster {value!r} is not a HyperPod cluster name (1-63 letters, digits and hyphens, starting "
+            "and ending with a letter or digit) or cluster ARN; copy it from aws sagemaker list-clusters"
+        )
+    return value
+
+
+def _no_control_characters(values: Any, where: str = "") -> None:
+    """Refuse a NUL, newline or other control character in any string of the parameters (paths and
+    names that would fail much later, or be written into file names and MLflow as given)."""
+    items = values.items() if isinstance(values, dict) else enumerate(values) if isinstance(values, list) else ()
+    for key, value in items:
+        field = f"{where}.{key}" if where and isinstance(key, str) else f"{where}[{key}]" if where else str(key)
+        if isinstance(value, str):
+            char = control_character(value)
+            if char:
+                raise ValueError(f"{field} holds a control character ({char}): {value!r}; remove it")
+        elif isinstance(value, dict | list):
+            _no_control_characters(value, field)
 
 
 EvalSetName = Annotated[str | None, AfterValidator(_check_eval_set)]
 RegisteredModelName = Annotated[str | None, AfterValidator(_check_registered_model)]
 TrackingUri = Annotated[str | None, AfterValidator(_check_tracking_uri)]
-RayAddress = Annotated[str | None, AfterValidator(_check_ray_address)]
+RayAddress = Annotated[str | None, AfterValidator(check_ray_address_form)]
 ExperimentName = Annotated[str, AfterValidator(_check_experiment)]
+HyperPodCluster = Annotated[str | None, AfterValidator(_check_hyperpod_cluster)]
 
 
 # Named starting points for a run's parameters (``mazerl run --preset NAME``, or ``"preset"`` in a
@@ -206,7 +380,7 @@ class PipelineParams(EvalEngineParams):
     promotion_threshold: float = Field(
         0.0, ge=0, le=1, description="Minimum final success rate before the champion alias may move."
     )
-    hyperpod_cluster: str | None = Field(None, description="SageMaker HyperPod cluster name to health-check.")
+    hyperpod_cluster: HyperPodCluster = Field(None, description="SageMaker HyperPod cluster name to health-check.")
     eval_workers: int = Field(2, ge=1, description="Parallel eval workers (Ray tasks).")
     max_eval_mazes: int | None = Field(None, ge=1, description="Evaluate only the first N mazes (smoke runs).")
     gif_count: int = Field(4, ge=0, description="Episode GIFs kept per eval (solved and failed).")
@@ -228,6 +402,8 @@ class PipelineParams(EvalEngineParams):
     @model_validator(mode="before")
     @classmethod
     def _preset_under_the_given_values(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            _no_control_characters(data)
         if isinstance(data, dict) and isinstance(data.get("preset"), str) and data["preset"] in PRESETS:
             return deep_merge(PRESETS[data["preset"]], data)
         return data
@@ -236,7 +412,13 @@ class PipelineParams(EvalEngineParams):
     def _training_overrides_are_valid(self) -> PipelineParams:
         """Check ``training`` now, before any stage. The starter's directory is known once ``prepare``
         has it, and validation reads no file, so the models directory stands in for it here."""
-        self.train_config("validation", Path(self.base_model or paths.models_dir(self.root())))
+        config = self.train_config("validation", Path(self.base_model or paths.models_dir(self.root())))
+        if not config.lora.target_modules:
+            raise ValueError(
+                "training.lora.target_modules is empty: LoRA would adapt no layer, so training would change nothing "
+                "and the merge would have nothing to merge; name the linear layers to adapt, e.g. "
+                '["q_proj", "k_proj", "v_proj", "o_proj"], or leave it out for the recipe\'s'
+            )
         if self.local_train_gpus and self.backend != "local":
             raise ValueError(
                 f"local_train_gpus ({self.local_train_gpus}) applies to backend 'local' only: SkyRL places its own "
@@ -294,6 +476,13 @@ class EvalParams(EvalEngineParams):
     eval_workers: int = Field(2, ge=1, description="Parallel eval workers.")
     max_eval_mazes: int | None = Field(None, ge=1, description="Evaluate only the first N mazes.")
     gif_count: int = Field(4, ge=0, description="Episode GIFs kept.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _printable(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            _no_control_characters(data)
+        return data
 
     @model_validator(mode="after")
     def _one_model(self) -> EvalParams:

@@ -11,12 +11,70 @@ from pathlib import Path
 
 DEFAULT_ROOT = ".mazerl"
 ROOT_ENV_VAR = "MAZERL_HOME"
+DATA_ROOT_MODE_ENV_VAR = "MAZERL_DATA_ROOT_MODE"
+PRIVATE_DIR_MODE = 0o700  # what mazerl creates is its user's alone unless a deployment says otherwise
 
 
 def data_root(root: str | os.PathLike | None = None) -> Path:
-    """Resolve the data root: the argument, else ``$MAZERL_HOME``, else ``./.mazerl`` (absolute)."""
-    chosen = root or os.environ.get(ROOT_ENV_VAR) or DEFAULT_ROOT
-    return Path(chosen).expanduser().resolve()
+    """Resolve the data root: the argument, else ``$MAZERL_HOME``, else ``./.mazerl`` (absolute).
+
+    A path that cannot exist (a name longer than the file system allows) is made absolute without
+    resolving links, so :func:`mazerl.preflight.check_data_root` can say what is wrong with it.
+    """
+    chosen = Path(root or os.environ.get(ROOT_ENV_VAR) or DEFAULT_ROOT).expanduser()
+    try:
+        return chosen.resolve()
+    except OSError:
+        return Path(os.path.abspath(chosen))
+
+
+def data_root_mode() -> int:
+    """The mode of a data root mazerl creates: ``$MAZERL_DATA_ROOT_MODE`` (octal), else 0700 (its user only).
+
+    A deployment whose pods share the root under different users in one group sets e.g. 0770;
+    the files mazerl creates directly in it (the embedded ``mlflow.db``) get the same bits without
+    execute (:func:`store_file_mode`). A root that already exists (a cluster's mount) keeps its mode.
+    """
+    text = os.environ.get(DATA_ROOT_MODE_ENV_VAR, "").strip()
+    if not text:
+        return PRIVATE_DIR_MODE
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        mode = -1
+    if not 0 <= mode <= 0o777 or not mode & 0o700 == 0o700:
+        raise ValueError(
+            f"{DATA_ROOT_MODE_ENV_VAR}={text!r} is not a directory mode its owner can use; give octal permission "
+            "bits with rwx for the owner, e.g. 0700 (private, the default) or 0770 (shared with the group)"
+        )
+    return mode
+
+
+def store_file_mode() -> int:
+    """The mode of a file mazerl creates in the data root: the root's bits without execute (0700 -> 0600)."""
+    return data_root_mode() & 0o666
+
+
+def make_data_root(root: Path) -> Path:
+    """Create the data root (and missing parents) if it does not exist, with :func:`data_root_mode`."""
+    mode = data_root_mode()
+    if not root.is_dir():
+        root.mkdir(parents=True, exist_ok=True)
+        os.chmod(root, mode)  # exactly, whatever the umask
+    return root
+
+
+def create_store_file(path: Path) -> None:
+    """Create an empty ``path`` (SQLite's database file) with :func:`store_file_mode`, unless it exists.
+
+    SQLite would create it readable by everyone (0644 under the usual umask); its journal and WAL
+    files take the database file's mode.
+    """
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, store_file_mode()))
+    except FileExistsError:
+        return
+    os.chmod(path, store_file_mode())
 
 
 def dir_size_mb(path: str | os.PathLike) -> float:

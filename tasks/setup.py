@@ -11,6 +11,7 @@ from prefect import get_run_logger, task
 from prefect.runtime import deployment, flow_run
 
 from envs.evalset import load as load_eval_set
+from mazerl import paths
 from mazerl.cluster.ray_local import ensure_local_head
 from mazerl.fingerprint import model_fingerprint
 from mazerl.params import EvalParams, PipelineParams
@@ -48,7 +49,7 @@ def prepare(params: PipelineParams) -> RunContext:
     run_id = run_id_for(str(flow_run.name or "run"), flow_id)
     check_pipeline_inputs(params, run_id)  # before anything is built, started or written
     root = params.root()
-    root.mkdir(parents=True, exist_ok=True)
+    paths.make_data_root(root)
     if params.base_model is None:
         base_model = ensure_starter(root, log=logger.info)
     else:
@@ -116,9 +117,10 @@ def prepare_eval(params: EvalParams) -> tuple[RunContext, Path]:
     """Resolve the model (a directory, or a registry version/alias), find or start Ray, open one MLflow run."""
     logger = get_run_logger()
     tracking_uri = params.resolved_tracking_uri()
-    check_tracking_uri(tracking_uri)  # seconds, not MLflow's minutes of retries
+    # seconds, not MLflow's minutes of retries; the embedded store's directory is the data root, made below
+    check_tracking_uri(tracking_uri, params.experiment, embedded=params.tracking_uri is None)
     root = params.root()
-    root.mkdir(parents=True, exist_ok=True)
+    paths.make_data_root(root)
     if params.model_dir is not None:
         model_dir = Path(params.model_dir).expanduser().resolve()
     else:

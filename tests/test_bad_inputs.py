@@ -26,15 +26,19 @@ Where a case is refused decides what it may leave behind:
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -416,7 +420,7 @@ CASES = [
         "pipeline",
         lambda w: pipeline_gate(w.params(tracking_uri="mlflow-server:5000")),
         "tracking_uri",
-        "use http(s)://host:port",
+        "use an MLflow server (http(s)://host:port)",
     ),
     Case("schedule cron invalid", "deploy", bad_cron, "cron", "e.g. '0 3 * * 1'"),
     Case(
@@ -529,6 +533,12 @@ def fake_model(directory: Path, damage: str) -> str:
     return str(model)
 
 
+def fifo(directory: Path, name: str) -> str:
+    """A named pipe nobody writes to: reading it would block the command forever."""
+    os.mkfifo(directory / name)
+    return str(directory / name)
+
+
 def long_tmpdir(directory: Path) -> Path:
     path = directory / ("t" * 40)
     path.mkdir()
@@ -565,6 +575,18 @@ CLI_CASES = [
         lambda d, _: RUN + ["--params", write(d, "latin.json", b'{"experiment": "caf\xe9"}')],
         "latin.json is not UTF-8",
         "save it as UTF-8 JSON",
+    ),
+    CliCase(
+        "run: --params a named pipe",
+        lambda d, _: RUN + ["--params", fifo(d, "params.fifo")],
+        "--params",
+        "is not a regular file (a named pipe)",
+    ),
+    CliCase(
+        "run: --params /dev/zero",
+        lambda d, _: RUN + ["--params", "/dev/zero"],
+        "--params /dev/zero",
+        "is not a regular file (a character device)",
     ),
     CliCase(
         "run: --params missing",
@@ -774,7 +796,7 @@ def test_bad_input_on_the_command_line_is_refused_at_once_with_exit_2_and_leaves
     scratch = Path(tempfile.mkdtemp(prefix="mzr-c", dir="/tmp"))  # short: Ray's socket paths live under it
     try:
         tmpdir = case.tmpdir(scratch) if case.tmpdir else scratch
-        argv = case.argv(inputs, not_ray)
+        argv = [*case.argv(inputs, not_ray)]  # a copy: a case may hand back the shared RUN list itself
         if argv[0] != "build-starter" and "--data-root" not in argv:
             argv += ["--data-root", str(data_root)]
         before = sorted(inputs.rglob("*"))
@@ -803,10 +825,453 @@ def test_bad_input_on_the_command_line_is_refused_at_once_with_exit_2_and_leaves
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+# --- more inputs through the real commands, in process ----------------------------------------------
+#
+# The same commands as CLI_CASES (``cli.main.main``, as ``mazerl`` calls it), run in this process
+# so each case costs milliseconds: exit code 2, one ``error:`` line naming the flag, variable or
+# file and the fix, no traceback, no credential, nothing written, and nothing expensive attempted
+# (``refused_work``: Prefect, the Ray head, an eval, a model load). Subprocess cases above are
+# kept for what needs a process of its own (a FIFO that would block, /dev/zero that would fill
+# memory, the exit code as the shell sees it).
+
+SECRET = "hunter2-s3cret"  # a password some cases put into an address: no message may show it
+ARN = "arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/mazerl-mlflow"
+
+
+@dataclass
+class Inputs:
+    """What an in-process case may need to build its input."""
+
+    dir: Path  # scratch directory for input files
+    root: Path  # the data root the command gets (MAZERL_HOME), absent unless a case makes it
+    servers: dict[str, str]  # loopback HTTP servers by kind: plain (200 HTML), auth (401), not_ray (404)
+    monkeypatch: pytest.MonkeyPatch
+
+    def env(self, name: str, value: str) -> None:
+        self.monkeypatch.setenv(name, value)
+
+    def model(self, name: str, edit: Callable[[Path], object] = lambda _: None) -> str:
+        """A copy of the shipped starter (a real Qwen3-VL directory), edited."""
+        from mazerl.starter.shipped import SHIPPED_DIR
+
+        target = self.dir / name
+        shutil.copytree(SHIPPED_DIR, target)
+        edit(target)
+        return str(target)
+
+    def starter_in_root(self, edit: Callable[[Path], object]) -> None:
+        """The data root as a earlier run left it, holding a copy of the shipped starter, then damaged."""
+        from mazerl.starter.shipped import SHIPPED_DIR, SHIPPED_NAME
+
+        target = self.root / "models" / SHIPPED_NAME
+        shutil.copytree(SHIPPED_DIR, target)
+        edit(target)
+
+
+@dataclass(frozen=True)
+class InputCase:
+    id: str
+    argv: Callable[[Inputs], list[str]]  # builds the input (files, environment) and returns the command line
+    field: str  # the flag, parameter, variable or file the message must name
+    fix: str  # words of the fix (or the rule) the message must give
+
+
+def edit_json(name: str, change: Callable[[dict], object]) -> Callable[[Path], None]:
+    def edit(model: Path) -> None:
+        content = json.loads((model / name).read_text())
+        change(content)
+        (model / name).write_text(json.dumps(content))
+
+    return edit
+
+
+def garbage(name: str) -> Callable[[Path], None]:
+    return lambda model: (model / name).write_text("{not json")
+
+
+def nested(depth: int) -> str:
+    return '{"training": ' * depth + "{}" + "}" * depth
+
+
+def llava_config(model: Path) -> None:
+    (model / "config.json").write_text(
+        json.dumps({"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"]})
+    )
+
+
+INPUT_CASES = [
+    # tracking URIs: each kind checked for real, or refused by its form
+    InputCase(
+        "run: --tracking-uri a plain web server",
+        lambda i: RUN + ["--tracking-uri", i.servers["plain"]],
+        "tracking_uri",
+        "not as an MLflow tracking server",
+    ),
+    InputCase(
+        "run: --tracking-uri a server refusing the client",
+        lambda i: RUN + ["--tracking-uri", i.servers["auth"]],
+        "tracking_uri",
+        "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD",
+    ),
+    InputCase(
+        "run: --tracking-uri with a password",
+        lambda i: RUN + ["--tracking-uri", f"http://mazerl:{SECRET}@127.0.0.1:5000"],
+        "tracking_uri",
+        "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD",
+    ),
+    InputCase(
+        "run: --tracking-uri sqlite in a missing directory",
+        lambda i: RUN + ["--tracking-uri", f"sqlite:///{i.dir / 'no-such-dir' / 'mlflow.db'}"],
+        "tracking_uri",
+        "does not exist; create it",
+    ),
+    InputCase(
+        "run: --tracking-uri sqlite in an unwritable directory",
+        lambda i: RUN + ["--tracking-uri", "sqlite:////proc/mlflow.db"],
+        "tracking_uri",
+        "is not writable",
+    ),
+    InputCase(
+        "run: --tracking-uri sqlite file that is no database",
+        lambda i: RUN + ["--tracking-uri", f"sqlite:///{write(i.dir, 'notes.db', 'plain text')}"],
+        "tracking_uri",
+        "is not a SQLite database",
+    ),
+    InputCase(
+        "run: --tracking-uri sqlite relative path",
+        lambda i: RUN + ["--tracking-uri", "sqlite:///mlflow.db"],
+        "tracking_uri",
+        "give an absolute path",
+    ),
+    InputCase(
+        "run: --tracking-uri file store",
+        lambda i: RUN + ["--tracking-uri", f"file://{i.dir}/mlruns"],
+        "tracking_uri",
+        "which MLflow 3 refuses",
+    ),
+    InputCase(
+        "run: --tracking-uri database without its driver",
+        lambda i: (
+            # the drivers SQLAlchemy picks for postgresql:// (by version), as absent as on a fresh install
+            [i.monkeypatch.setitem(sys.modules, name, None) for name in ("psycopg", "psycopg2")],
+            RUN + ["--tracking-uri", "postgresql://mlflow@127.0.0.1:5432/mlflow"],
+        )[1],
+        "tracking_uri",
+        "driver for 'postgresql' is not installed",
+    ),
+    InputCase(
+        "run: --tracking-uri SageMaker ARN without the plugin",
+        lambda i: (i.monkeypatch.setitem(sys.modules, "sagemaker_mlflow", None), RUN + ["--tracking-uri", ARN])[1],
+        "tracking_uri",
+        "pip install 'mazerl[cluster]'",
+    ),
+    InputCase(
+        "run: --tracking-uri SageMaker ARN malformed",
+        lambda i: RUN + ["--tracking-uri", ARN.replace("123456789012", "1234")],
+        "tracking_uri",
+        "is not a 12-digit AWS account id",
+    ),
+    # the --params file
+    InputCase(
+        "run: --params nested 10000 deep",
+        lambda i: RUN + ["--params", write(i.dir, "deep.json", nested(10_000))],
+        "deep.json",
+        "nests deeper than 32 levels",
+    ),
+    InputCase(
+        "run: --params a directory",
+        lambda i: RUN + ["--params", str(i.dir)],
+        "--params",
+        "is not a regular file (a directory)",
+    ),
+    # names
+    InputCase(
+        "run: experiment with a newline",
+        lambda i: RUN + ["--params", write(i.dir, "p.json", json.dumps({"experiment": "vlm\nmaze"}))],
+        "experiment",
+        "control character ('\\n')",
+    ),
+    InputCase(
+        "run: experiment longer than MLflow keeps",
+        lambda i: RUN + ["--params", write(i.dir, "p.json", json.dumps({"experiment": "e" * 300}))],
+        "experiment",
+        "keep at most 256",
+    ),
+    InputCase(
+        "run: registered model with a NUL",
+        lambda i: RUN + ["--params", write(i.dir, "p.json", json.dumps({"registered_model": "maze\x00vlm"}))],
+        "registered_model",
+        "control character ('\\x00')",
+    ),
+    InputCase(
+        "run: registered model longer than MLflow keeps",
+        lambda i: RUN + ["--params", write(i.dir, "p.json", json.dumps({"registered_model": "m" * 300}))],
+        "registered model name",
+        "keep at most 256",
+    ),
+    # model directories: every file parsed as what it claims to be
+    InputCase(
+        "run: --base-model tokenizer.json that does not parse",
+        lambda i: RUN + ["--base-model", i.model("tok", garbage("tokenizer.json"))],
+        "tokenizer.json",
+        "copy the complete model directory",
+    ),
+    InputCase(
+        "run: --base-model processor config that does not parse",
+        lambda i: RUN + ["--base-model", i.model("proc", garbage("preprocessor_config.json"))],
+        "preprocessor_config.json does not parse",
+        "copy the complete model directory",
+    ),
+    InputCase(
+        "run: --base-model chat template that does not parse",
+        lambda i: RUN + ["--base-model", i.model("tpl", lambda m: (m / "chat_template.jinja").write_text("{% for %}"))],
+        "chat_template.jinja",
+        "does not parse as a Jinja template",
+    ),
+    InputCase(
+        "run: --base-model config naming another architecture",
+        lambda i: (
+            RUN
+            + [
+                "--base-model",
+                i.model("arch", edit_json("config.json", lambda c: c.update(architectures=["LlamaForCausalLM"]))),
+            ]
+        ),
+        "config.json names the architecture 'LlamaForCausalLM'",
+        "copy the model's own config.json",
+    ),
+    InputCase(
+        "run: --base-model another vision-language model",
+        lambda i: RUN + ["--base-model", i.model("llava", llava_config)],
+        "'llava' model",
+        "use a Qwen3-VL model",
+    ),
+    InputCase(
+        "run: empty lora.target_modules",
+        lambda i: RUN + ["--training", '{"lora": {"target_modules": []}}'],
+        "training.lora.target_modules",
+        "name the linear layers to adapt",
+    ),
+    InputCase(
+        "eval: --model tokenizer.json that does not parse",
+        lambda i: EVAL + ["--model", i.model("tok", garbage("tokenizer.json"))],
+        "tokenizer.json",
+        "copy the complete model directory",
+    ),
+    InputCase(
+        "eval: --model with a starter.json that does not parse",
+        lambda i: EVAL + ["--model", i.model("rec", garbage("starter.json"))],
+        "starter.json does not parse",
+        "pass --eval-set",
+    ),
+    InputCase(
+        "eval: --model config naming another architecture",
+        lambda i: (
+            EVAL
+            + [
+                "--model",
+                i.model("arch", edit_json("config.json", lambda c: c.update(architectures=["LlamaForCausalLM"]))),
+            ]
+        ),
+        "--model",
+        "copy the model's own config.json",
+    ),
+    # the data root
+    InputCase(
+        "run: starter copy in the data root truncated",
+        lambda i: (i.starter_in_root(truncated_weights), RUN)[1],
+        "model.safetensors (it is truncated",
+        "the shipped starter is copied there afresh",
+    ),
+    InputCase(
+        "run: starter copy in the data root with a starter.json that does not parse",
+        lambda i: (i.starter_in_root(garbage("starter.json")), RUN)[1],
+        "starter.json",
+        "the shipped starter is copied there afresh",
+    ),
+    InputCase(
+        "run: starter copy in the data root edited",
+        lambda i: (i.starter_in_root(lambda m: (m / "generation_config.json").write_text('{"do_sample": true}')), RUN)[
+            1
+        ],
+        "is not the shipped starter",
+        "the shipped starter is copied there afresh",
+    ),
+    InputCase(
+        "run: MAZERL_HOME empty", lambda i: (i.env("MAZERL_HOME", ""), RUN)[1], "MAZERL_HOME", "unset MAZERL_HOME"
+    ),
+    InputCase(
+        "run: --data-root with a newline",
+        lambda i: RUN + ["--data-root", f"{i.dir}/data\nroot"],
+        "data_root",
+        "control character ('\\n')",
+    ),
+    InputCase(
+        "run: --data-root with a name longer than the file system allows",
+        lambda i: RUN + ["--data-root", f"{i.dir}/{'d' * 300}/root"],
+        "data_root",
+        "more than the 255 the file system",
+    ),
+    InputCase(
+        "run: MAZERL_DATA_ROOT_MODE not a mode",
+        lambda i: (i.env("MAZERL_DATA_ROOT_MODE", "rwx"), RUN)[1],
+        "MAZERL_DATA_ROOT_MODE",
+        "e.g. 0700",
+    ),
+    # addresses and environment
+    InputCase(
+        "run: --ray-address malformed IPv6",
+        lambda i: RUN + ["--ray-address", "http://[::1:8265"],
+        "ray_address",
+        "Invalid IPv6 URL",
+    ),
+    InputCase(
+        "run: --ray-address with a password",
+        lambda i: RUN + ["--ray-address", f"http://ray:{SECRET}@127.0.0.1:8265"],
+        "ray_address",
+        "RAY_AUTH_TOKEN",
+    ),
+    InputCase(
+        "run: RAY_ADDRESS garbage",
+        lambda i: (i.env("RAY_ADDRESS", "garbage"), RUN)[1],
+        "RAY_ADDRESS",
+        "unset RAY_ADDRESS",
+    ),
+    InputCase(
+        "run: PREFECT_API_URL unreachable",
+        lambda i: (i.env("PREFECT_API_URL", closed_port_address() + "/api"), RUN)[1],
+        "PREFECT_API_URL",
+        "did not answer",
+    ),
+    InputCase(
+        "run: PREFECT_API_URL not a Prefect server",
+        lambda i: (i.env("PREFECT_API_URL", i.servers["plain"] + "/api"), RUN)[1],
+        "PREFECT_API_URL",
+        "not as a Prefect API",
+    ),
+    InputCase(
+        "eval: RAY_ADDRESS garbage",
+        lambda i: (i.env("RAY_ADDRESS", "garbage"), EVAL + ["--model", i.model("ok")])[1],
+        "RAY_ADDRESS",
+        "unset RAY_ADDRESS",
+    ),
+    InputCase(
+        "eval: --ray-address with a password",
+        lambda i: EVAL + ["--model", i.model("ok"), "--ray-address", f"http://ray:{SECRET}@127.0.0.1:8265"],
+        "--ray-address",
+        "RAY_AUTH_TOKEN",
+    ),
+    InputCase("demo: --seed negative", lambda i: ["demo", "--seed", "-1"], "--seed", "must be between 0 and"),
+    InputCase("demo: --size even", lambda i: ["demo", "--size", "8"], "--size", "use an odd integer >= 5"),
+]
+
+
+@pytest.fixture
+def refused_work(monkeypatch):
+    """Prefect, the Ray head, an eval and a model load, each replaced by a recorded refusal."""
+    from transformers import PreTrainedModel
+
+    import cli.run
+    import mazerl.evaluation
+
+    attempted: list[str] = []
+
+    def refuse(what: str):
+        def call(*args, **kwargs):
+            attempted.append(what)
+            raise AssertionError(f"{what} was attempted for a rejected input")
+
+        return call
+
+    monkeypatch.setattr(cli.run, "configure_prefect", refuse("Prefect"))
+    monkeypatch.setattr(cli.run, "local_ray_head", refuse("Ray head start"))
+    monkeypatch.setattr(mazerl.evaluation, "evaluate", refuse("eval"))
+    monkeypatch.setattr("mazerl.policy.loader.load_policy", refuse("model load"))
+    monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(refuse("model weights read")))
+    return attempted
+
+
+class PlainWeb(http.server.BaseHTTPRequestHandler):
+    """A web server that is no MLflow: every path answers 200 with an HTML page."""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        body = b"<html><body>It works!</body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+class NeedsLogin(PlainWeb):
+    """A server behind basic authentication (MLflow's own auth answers so): 401 without credentials."""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.send_response(401)
+        self.send_header("WWW-Authenticate", 'Basic realm="mlflow"')
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+@pytest.fixture(scope="module")
+def web_servers(not_ray):
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) for handler in (PlainWeb, NeedsLogin)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield {
+        "plain": f"http://127.0.0.1:{servers[0].server_address[1]}",
+        "auth": f"http://127.0.0.1:{servers[1].server_address[1]}",
+        "not_ray": not_ray,
+    }
+    for server in servers:
+        server.shutdown()
+
+
+@pytest.mark.parametrize("case", INPUT_CASES, ids=[case.id for case in INPUT_CASES])
+def test_more_bad_inputs_are_refused_by_the_command_at_once_with_exit_2_and_leave_nothing(
+    case, tmp_path, monkeypatch, capsys, web_servers, refused_work
+):
+    from cli.main import main
+
+    for name in [n for n in os.environ if n.startswith(("RAY_", "PREFECT_", "MLFLOW_", "MAZERL_"))]:
+        monkeypatch.delenv(name)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # the command's TMPDIR (the Ray head's temp dir)
+    inputs = Inputs(tmp_path / "inputs", tmp_path / "root", web_servers, monkeypatch)
+    inputs.dir.mkdir()
+    monkeypatch.setenv("MAZERL_HOME", str(inputs.root))
+    monkeypatch.chdir(tmp_path)
+    # Given one bad input, when the command runs with it,
+    argv = [*case.argv(inputs)]
+    before = sorted(tmp_path.rglob("*"))
+    try:
+        code = main(argv)
+    except SystemExit as exit:  # argparse's own refusals
+        code = exit.code
+    out, err = capsys.readouterr()
+    # then it returns 2 with one error line naming the flag, variable or file and the fix, no traceback,
+    assert code == 2, f"{case.id}: exit code {code}\n{out[-2000:]}{err[-2000:]}"
+    assert "Traceback" not in out + err, f"{case.id}: a raw traceback\n{err[-3000:]}"
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and out == "", f"{case.id}: one error line and nothing else\n{out}{err}"
+    assert case.field in errors[0], f"{case.id}: the message should name {case.field!r}: {errors[0]}"
+    assert case.fix in errors[0], f"{case.id}: the message should say {case.fix!r}: {errors[0]}"
+    assert SECRET not in out + err, f"{case.id}: the message shows the password: {errors[0]}"
+    # before any expensive work, and leaves nothing behind.
+    assert refused_work == [], f"{case.id}: {refused_work} happened before the refusal"
+    assert sorted(tmp_path.rglob("*")) == before, f"{case.id}: it wrote {set(tmp_path.rglob('*')) - set(before)}"
+
+
 def test_the_docs_table_lists_every_case():
     # Given the bad-input page of the docs, every case of both tables has its row there.
     rows = [line for line in DOCS_TABLE.read_text().splitlines() if line.startswith("| ")]
-    missing = [case.id for case in [*CLI_CASES, *CASES] if not any(f"| {case.id} |" in row for row in rows)]
+    missing = [
+        case.id for case in [*CLI_CASES, *INPUT_CASES, *CASES] if not any(f"| {case.id} |" in row for row in rows)
+    ]
     assert missing == [], f"{DOCS_TABLE.name} lacks rows for {missing}"
 
 
@@ -824,7 +1289,7 @@ PARAMETER_CASES = {
     "backend": ("jax", "'local' or 'skyrl'"),
     "training": ([1], "valid dictionary"),
     "ray_address": ("ftp://head", "http://host:8265"),
-    "tracking_uri": ("nope://", "sqlite:///path/mlflow.db"),
+    "tracking_uri": ("nope://", "sqlite:////absolute/path/mlflow.db"),
     "experiment": ("", "give an MLflow experiment name"),
     "registered_model": ("bad/name!", "may use only letters, digits"),
     "promotion_threshold": (2.0, "less than or equal to 1"),
@@ -859,6 +1324,202 @@ def test_a_bad_pipeline_parameter_is_refused_naming_it_and_the_rule(field):
     message = str(caught.value)
     assert field in message, f"{field}={bad!r}: the error should name the field: {message}"
     assert words in message, f"{field}={bad!r}: the error should say {words!r}: {message}"
+
+
+# --- the forms the parameters check themselves (no files, no network) ----------------------------
+
+FORM_CASES = [
+    # (id, field, bad value, words of the rule the error must give)
+    ("ARN without partition", "tracking_uri", "arn:sagemaker:us-east-1:123456789012:x", "has the form"),
+    ("ARN of another partition", "tracking_uri", ARN.replace("arn:aws:", "arn:aws-cn:"), "is not one of"),
+    ("ARN region", "tracking_uri", ARN.replace("us-east-1", "useast1"), "is not an AWS region"),
+    ("ARN account", "tracking_uri", ARN.replace("123456789012", "12345678901x"), "12-digit AWS account id"),
+    ("ARN resource", "tracking_uri", ARN.replace("mlflow-tracking-server", "notebook-instance"), "is not mlflow"),
+    ("ARN server name", "tracking_uri", ARN.replace("mazerl-mlflow", "-mazerl"), "tracking server name"),
+    ("ARN with a newline", "tracking_uri", ARN + "\n", "control character"),
+    ("Databricks", "tracking_uri", "databricks://profile", "not supported"),
+    ("database without host", "tracking_uri", "mysql:///mlflow", "names no database host"),
+    ("sqlite in memory", "tracking_uri", "sqlite://", "names no database file"),
+    ("bare path", "tracking_uri", "/srv/mlruns", "which MLflow 3 refuses"),
+    ("http port out of range", "tracking_uri", "http://127.0.0.1:99999", "Port out of range"),
+    ("ray port out of range", "ray_address", "http://127.0.0.1:70000", "Port out of range"),
+    ("ray address without host", "ray_address", "http://:8265", "must look like http://host:8265"),
+    ("hyperpod cluster name", "hyperpod_cluster", "my cluster", "copy it from aws sagemaker list-clusters"),
+    ("base model with a NUL", "base_model", "/models/qwen\x00", "control character"),
+    ("training string with a newline", "training.run_name", None, "control character"),
+    ("registered model with a trailing newline", "registered_model", "maze-vlm\n", "control character"),
+]
+
+
+@pytest.mark.parametrize(("field", "bad", "words"), [c[1:] for c in FORM_CASES], ids=[c[0] for c in FORM_CASES])
+def test_a_malformed_value_is_refused_by_the_parameters_naming_the_rule(field, bad, words):
+    values = GOOD_PARAMS | ({"training": {"lora": {"target_modules": ["q_proj\n"]}}} if bad is None else {field: bad})
+    field = "training.lora.target_modules" if bad is None else field
+    with pytest.raises(ValueError) as caught:  # pydantic's ValidationError is a ValueError
+        PipelineParams(**values)
+    message = str(caught.value)
+    assert field in message, f"{field}={bad!r}: the error should name the field: {message}"
+    assert words in message, f"{field}={bad!r}: the error should say {words!r}: {message}"
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        ARN,
+        "arn:aws-us-gov:sagemaker:us-gov-west-1:123456789012:mlflow-tracking-server/a",
+        "http://mlflow.internal:5000",
+        "sqlite:////srv/mazerl/mlflow.db",
+        "postgresql+psycopg2://mlflow@db.internal:5432/mlflow",
+    ],
+)
+def test_a_well_formed_tracking_uri_is_accepted_by_the_parameters(uri):
+    assert PipelineParams(**GOOD_PARAMS, tracking_uri=uri).tracking_uri == uri
+
+
+@pytest.mark.parametrize(
+    ("value", "accepted"),
+    [
+        ("auto", True),
+        ("10.0.0.1:6379", True),
+        ("ray://head:10001", True),
+        ("http://head:8265", True),
+        ("garbage", False),
+        ("garbage://head", False),
+        ("head:99999", False),
+        (f"ray://ray:{SECRET}@head:10001", False),
+    ],
+)
+def test_ray_address_in_the_environment_is_refused_only_where_ray_could_not_parse_it(monkeypatch, value, accepted):
+    from mazerl.preflight import InputError, check_ray_address_env
+
+    monkeypatch.setenv("RAY_ADDRESS", value)
+    if accepted:
+        assert check_ray_address_env() == value
+    else:
+        with pytest.raises(InputError, match="unset RAY_ADDRESS") as caught:
+            check_ray_address_env()
+        assert SECRET not in str(caught.value), str(caught.value)
+
+
+def test_a_sagemaker_arn_passes_the_preflight_once_its_plugin_is_importable_without_asking_aws(monkeypatch):
+    import importlib.util
+
+    from mazerl.preflight import InputError, check_tracking_uri
+
+    # Given a well-formed ARN, the preflight asks for the plugin that resolves it, and nothing else:
+    real_find_spec = importlib.util.find_spec
+    asked = []
+
+    def find_spec(name, *args):
+        asked.append(name)
+        return object() if name == "sagemaker_mlflow" else real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    check_tracking_uri(ARN, "vlm-maze-grpo")
+    assert asked == ["sagemaker_mlflow"], asked
+    # and without it, the refusal gives the install command.
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
+    with pytest.raises(InputError, match=r"pip install 'mazerl\[cluster\]'"):
+        check_tracking_uri(ARN, "vlm-maze-grpo")
+
+
+def test_a_real_mlflow_server_passes_the_tracking_check_and_a_look_alike_does_not(
+    tmp_path, _mlflow_template_db, web_servers
+):
+    """A real ``mlflow server`` (the REST API the check asks), with and without the run's experiment."""
+    from mlflow.tracking import MlflowClient
+
+    from mazerl.preflight import InputError, check_tracking_uri
+
+    database = tmp_path / "mlflow.db"
+    shutil.copy(_mlflow_template_db, database)
+    MlflowClient(f"sqlite:///{database}").create_experiment("vlm-maze-grpo")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "mlflow"),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{database}",
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300  # seconds on an idle machine; minutes on a crowded one
+        while True:
+            try:
+                urllib.request.urlopen(f"{uri}/health", timeout=1).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "mlflow server did not start"
+                time.sleep(0.5)
+        # Given a real MLflow server, the check passes for an experiment it has and one it will create,
+        check_tracking_uri(uri, "vlm-maze-grpo")
+        check_tracking_uri(uri, "not-yet-created")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=30)
+    # and a web server that merely answers is refused.
+    with pytest.raises(InputError, match="not as an MLflow tracking server"):
+        check_tracking_uri(web_servers["plain"], "vlm-maze-grpo")
+
+
+# --- what mazerl creates is private to its user ----------------------------------------------------
+
+
+def test_the_data_root_and_mlflow_db_mazerl_creates_are_private_unless_a_deployment_says_otherwise(
+    tmp_path, monkeypatch
+):
+    import sqlite3
+    import stat
+
+    from mazerl import paths
+    from mazerl.tracking.store import client_for
+
+    def mode(path: Path) -> int:
+        return stat.S_IMODE(path.stat().st_mode)
+
+    seen_by_mlflow = {}  # the database file's mode when MLflow's client is made (it opens the file later)
+    monkeypatch.setattr(
+        "mazerl.tracking.store.MlflowClient",
+        lambda tracking_uri, registry_uri: seen_by_mlflow.setdefault(tracking_uri, mode(Path(tracking_uri[10:]))),
+    )
+    monkeypatch.delenv(paths.DATA_ROOT_MODE_ENV_VAR, raising=False)
+    # Given no setting, a new data root is 0700 and the embedded store's database 0600 before MLflow opens it,
+    root = paths.make_data_root(tmp_path / "new" / "root")
+    client_for(paths.mlflow_db_uri(root))
+    assert (mode(root), mode(root / "mlflow.db")) == (0o700, 0o600)
+    assert seen_by_mlflow == {paths.mlflow_db_uri(root): 0o600}
+    with sqlite3.connect(root / "mlflow.db") as db:  # SQLite takes the empty file as a new database
+        db.execute("create table t (x)")
+    assert mode(root / "mlflow.db") == 0o600, "SQLite kept the file's mode"
+    # an existing root (a cluster's mount) keeps its own mode,
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o755)
+    assert mode(paths.make_data_root(shared)) == 0o755
+    # and a deployment that shares the root with its group says so.
+    monkeypatch.setenv(paths.DATA_ROOT_MODE_ENV_VAR, "0770")
+    group = paths.make_data_root(tmp_path / "group")
+    client_for(paths.mlflow_db_uri(group))
+    assert (mode(group), mode(group / "mlflow.db")) == (0o770, 0o660)
 
 
 # --- fixtures -------------------------------------------------------------------------------------
@@ -996,6 +1657,20 @@ def test_the_training_entry_exits_2_on_a_configuration_error_so_the_stage_does_n
     # then it exits 2 (the submitter's "bad configuration", not retried) naming the field and the fix.
     assert code == local_entry.EXIT_CONFIG_ERROR, out[-2000:]
     assert "configuration error: " in out and says in out, out[-2000:]
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_the_training_entry_refuses_a_config_nested_too_deep_with_exit_2(tmp_path, capsys, suffix):
+    from mazerl.training import local_entry
+
+    config = tmp_path / f"train{suffix}"
+    config.write_text(nested(10_000))  # JSON, and YAML's flow style: Python's parsers recurse on it
+    # Given a config file nested 10,000 deep, when the job's entry reads it,
+    code = local_entry.main(["--config", str(config)])
+    out = capsys.readouterr().out
+    # then it exits 2 naming the file, instead of a RecursionError traceback.
+    assert code == local_entry.EXIT_CONFIG_ERROR, out[-2000:]
+    assert f"--config {config} nests" in out and "Traceback" not in out, out[-2000:]
 
 
 def test_a_real_models_run_on_the_embedded_set_gets_the_pool_the_world_has(starter_model_dir, tmp_path):

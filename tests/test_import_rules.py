@@ -32,6 +32,7 @@ BASE = {
     "mazerl.atomic",
     "mazerl.fingerprint",
     "mazerl.upstream_warnings",
+    "mazerl.input_files",
 }
 LOW = {"envs"} | BASE
 LIBRARY = BASE | {
@@ -62,7 +63,7 @@ RULES: dict[str, set[str]] = {
     # the pipeline's outcomes in MLflow: eval reports into stage runs, the conclusion and promotion
     "mazerl.reporting": LOW | {"mazerl.tracking", "mazerl.evaluation", "mazerl.training", "mazerl.cluster"},
     "mazerl.params": LOW | {"mazerl.training"},
-    "mazerl.preflight": LOW | {"mazerl.params", "mazerl.policy", "mazerl.training", "mazerl.cluster"},
+    "mazerl.preflight": LOW | {"mazerl.params", "mazerl.policy", "mazerl.starter", "mazerl.training", "mazerl.cluster"},
     COMMANDS: LOW | LIBRARY,
     "tasks": LOW | LIBRARY,  # one library call per Prefect task
     "flows": LOW | LIBRARY | {"tasks"},  # composition only

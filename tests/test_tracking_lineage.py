@@ -106,6 +106,7 @@ def test_ui_links_open_the_model_training_view():
     assert store.ui_url("sqlite:////x/mlflow.db") == "http://127.0.0.1:5000"
     assert store.ui_url("https://mlflow.example/") == "https://mlflow.example"
     assert store.ui_url("databricks") is None
+    assert store.ui_url("arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/m") is None  # Studio's
 
 
 def test_retried_flow_run_reattaches_to_its_runs(uri):

@@ -17,7 +17,15 @@ from pathlib import Path
 from envs.evalset import DEFAULT_EVAL_SET, SPECS, EvalSetError, load
 from mazerl import paths
 from mazerl.cluster.ray_local import check_temp_dir
-from mazerl.preflight import InputError, check_base_model, check_data_root, check_ray_address
+from mazerl.preflight import (
+    InputError,
+    check_base_model,
+    check_data_root,
+    check_ray_address,
+    check_ray_address_env,
+    check_ray_address_form_as,
+    check_root_env,
+)
 from mazerl.starter.record import RECORD_FILE
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
@@ -84,8 +92,7 @@ def check_eval_flags(args: argparse.Namespace) -> tuple[Path, str, Path]:
     model = Path(args.model).expanduser().resolve()
     eval_set = args.eval_set
     if eval_set is None:
-        record = model / RECORD_FILE
-        eval_set = json.loads(record.read_text())["config"]["eval_set"] if record.is_file() else DEFAULT_EVAL_SET
+        eval_set = recorded_eval_set(model)
     if eval_set not in SPECS:
         raise InputError("--eval-set", f"--eval-set {eval_set!r} is unknown; choose one of {sorted(SPECS)}")
     try:
@@ -101,16 +108,38 @@ def check_eval_flags(args: argparse.Namespace) -> tuple[Path, str, Path]:
                 f"--adapter {args.adapter} lacks {', '.join(missing)}; pass a PEFT adapter directory (a "
                 "checkpoint's policy/lora_adapter)",
             )
+    root_field = check_root_env(args.data_root)
     out = Path(args.out).expanduser() if args.out else paths.data_root(args.data_root) / "evals" / model.name / eval_set
     if out.exists() and not out.is_dir():
         raise InputError("--out", f"--out {out} is a file; give a directory for the results (it may exist)")
-    check_data_root(out, field="--out")
+    check_data_root(out, field="--out" if args.out else root_field)
     if args.ray_address is not None:
-        check_ray_address(args.ray_address)
+        check_ray_address(check_ray_address_form_as(args.ray_address, "--ray-address"))
+    else:  # evaluate() then connects to RAY_ADDRESS when it is set (Ray's own variable)
+        check_ray_address_env()
     check_base_model(model, field="--model")
     if args.ray_address is None:
         check_temp_dir()  # last: it makes the (private) directory when it is fine
     return model, eval_set, out
+
+
+def recorded_eval_set(model: Path) -> str:
+    """The eval set a starter's ``starter.json`` names (the default set for other models); a damaged record
+    is refused naming the file."""
+    record = model / RECORD_FILE
+    if not record.is_file():
+        return DEFAULT_EVAL_SET
+    try:
+        eval_set = json.loads(record.read_bytes())["config"]["eval_set"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(
+            "--model",
+            f"--model {model}: its {RECORD_FILE} does not parse as a starter's build record ({type(exc).__name__}: "
+            f"{exc}); restore the file from the starter it came with, or pass --eval-set",
+        ) from None
+    if not isinstance(eval_set, str):
+        raise InputError("--model", f"--model {model}: its {RECORD_FILE} names no eval set; pass --eval-set")
+    return eval_set
 
 
 def run_eval_command(args: argparse.Namespace) -> int:

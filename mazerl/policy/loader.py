@@ -29,6 +29,8 @@ from safetensors import safe_open
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 IMAGE_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+# The model types the policy runtime is written for (Qwen chat tokens, deepstack vision tower, 3-D rope).
+QWEN3_VL_MODEL_TYPES = ("qwen3_vl", "qwen3_vl_moe")
 
 
 class ModelLoadError(ValueError):
@@ -95,6 +97,20 @@ def check_image_text_to_text(model_dir: Path) -> Any:
         raise ModelLoadError(
             f"model_dir={str(model_dir)!r} holds a {config.model_type!r} model, which is not an image-text-to-text "
             "model; mazerl needs a vision-language model such as Qwen3-VL"
+        )
+    if config.model_type not in QWEN3_VL_MODEL_TYPES:
+        raise ModelLoadError(
+            f"model_dir={str(model_dir)!r} holds a {config.model_type!r} model (config.json model_type), a "
+            "vision-language model mazerl does not run: its prompts, vision cache and rope positions are Qwen3-VL's; "
+            f"use a Qwen3-VL model (model_type {' or '.join(QWEN3_VL_MODEL_TYPES)})"
+        )
+    expected = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[config.model_type]
+    named = [name for name in (getattr(config, "architectures", None) or []) if name != expected]
+    if named:
+        raise ModelLoadError(
+            f"model_dir={str(model_dir)!r}: config.json names the architecture {named[0]!r}, but a "
+            f"{config.model_type!r} model loads as {expected}; the config was edited or belongs to another model: "
+            "copy the model's own config.json"
         )
     return config
 

@@ -53,7 +53,7 @@ def default_artifact_location(tracking_uri: str, root: str | os.PathLike | None 
     the database file (the embedded layout); for another database, under the data root;
     for a tracking server, None (the server decides).
     """
-    if tracking_uri.startswith(("http://", "https://", "databricks")):
+    if tracking_uri.startswith(("http://", "https://", "databricks", "arn:")):  # arn: SageMaker managed MLflow
         return None
     if root is not None:
         return paths.mlflow_artifacts_dir(Path(root).expanduser().resolve()).as_uri()
@@ -64,8 +64,12 @@ def default_artifact_location(tracking_uri: str, root: str | os.PathLike | None 
 
 
 def client_for(tracking_uri: str) -> MlflowClient:
+    """A client of the store; a SQLite database file is created first, private to its user
+    (:func:`mazerl.paths.create_store_file`), where SQLite would make it readable by everyone."""
     if tracking_uri.startswith("sqlite:///"):
-        Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        database = Path(tracking_uri.removeprefix("sqlite:///"))
+        database.parent.mkdir(parents=True, exist_ok=True)
+        paths.create_store_file(database)
     return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
 
 
@@ -119,6 +123,6 @@ def ui_url(tracking_uri: str, local_ui: str = "http://127.0.0.1:5000") -> str | 
     (once ``mlflow ui`` serves it there); None where the UI lives elsewhere (Databricks)."""
     if tracking_uri.startswith(("http://", "https://")):
         return tracking_uri.rstrip("/")
-    if tracking_uri.startswith("databricks"):
+    if tracking_uri.startswith(("databricks", "arn:")):  # SageMaker's UI opens from Studio (a presigned URL)
         return None
     return local_ui

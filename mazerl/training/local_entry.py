@@ -20,6 +20,7 @@ import traceback
 import yaml
 
 from mazerl.cluster.metrics import TrainingMetrics
+from mazerl.input_files import read_config_file
 from mazerl.training.checkpoints import CheckpointError, CheckpointWriteError
 from mazerl.training.config import load_config
 from mazerl.training.local_trainer import LocalGRPOTrainer, TrainingConfigError
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     try:
+        read_config_file(args.config, f"--config {args.config}")  # a regular, bounded, shallow file first
         config = load_config(args.config)
         if config.backend != "local":
             raise TrainingConfigError(f"backend={config.backend!r}: this entrypoint runs the local backend only")

@@ -45,6 +45,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from mazerl.input_files import read_config_file
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, load_config
 from mazerl.training.progress import tracker_hook
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     try:
+        read_config_file(args.config, f"--config {args.config}")  # a regular, bounded, shallow file first
         config = load_config(args.config)
         overrides = build_overrides(config)
     except (OSError, ValueError, ValidationError, yaml.YAMLError) as error:  # SkyrlConfigError is a ValueError
