@@ -412,13 +412,7 @@ class PipelineParams(EvalEngineParams):
     def _training_overrides_are_valid(self) -> PipelineParams:
         """Check ``training`` now, before any stage. The starter's directory is known once ``prepare``
         has it, and validation reads no file, so the models directory stands in for it here."""
-        config = self.train_config("validation", Path(self.base_model or paths.models_dir(self.root())))
-        if not config.lora.target_modules:
-            raise ValueError(
-                "training.lora.target_modules is empty: LoRA would adapt no layer, so training would change nothing "
-                "and the merge would have nothing to merge; name the linear layers to adapt, e.g. "
-                '["q_proj", "k_proj", "v_proj", "o_proj"], or leave it out for the recipe\'s'
-            )
+        self.train_config("validation", Path(self.base_model or paths.models_dir(self.root())))
         if self.local_train_gpus and self.backend != "local":
             raise ValueError(
                 f"local_train_gpus ({self.local_train_gpus}) applies to backend 'local' only: SkyRL places its own "

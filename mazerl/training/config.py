@@ -69,6 +69,17 @@ class LoraConfig(StrictModel):
         "(local backend). The vision tower gets adapters only with freeze_vision: false.",
     )
 
+    @field_validator("target_modules")
+    @classmethod
+    def _some_target(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value or any(not name.strip() for name in value):
+            raise ValueError(
+                "lora.target_modules is empty (or names an empty module): LoRA would adapt no layer, so training "
+                "would change nothing and the merge would have nothing to merge; name the linear layers to adapt, "
+                'e.g. ["q_proj", "k_proj", "v_proj", "o_proj"], or leave it out for the recipe\'s'
+            )
+        return value
+
     @field_validator("rank")
     @classmethod
     def _positive_rank(cls, value: int) -> int:
