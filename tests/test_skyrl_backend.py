@@ -237,10 +237,11 @@ def test_tickets_round_trip_parquet_and_play_the_named_maze(tmp_path):
     # and eval rows carry the set's exact layouts, no format bonus
     assert [row["maze_id"] for row in evaluation] == [f"maze256-small-v1/{i}" for i in range(32)]
     assert all(row["format_bonus"] == 0.0 and row["cell_px"] == 16 for row in evaluation)
-    # when SkyRL hands a row's columns to our env, then the solver plays exactly that maze to reward 1.0
+    # when SkyRL hands a row's columns to our env, then the solver plays exactly that maze to
+    # 1.0 (task) + 0.1 (format bonus) + 0.5 (progress: the solver closes the whole distance)
     for row in (train[0], train[-1]):
         reward, layout = play_solver(extras_as_skyrl_builds_them(row, max_turns=60))
-        assert layout == Layout.generate(row["seed"], 7) and reward == pytest.approx(1.1), "task reward + bonus"
+        assert layout == Layout.generate(row["seed"], 7) and reward == pytest.approx(1.6), "task + bonus + progress"
     for index in (0, 31):
         reward, layout = play_solver(extras_as_skyrl_builds_them(evaluation[index], max_turns=60))
         assert layout == eval_set.layouts[index] and reward == 1.0
