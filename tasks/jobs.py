@@ -7,12 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger
-from prefect.runtime import flow_run, task_run
+from prefect.runtime import task_run
 
 from mazerl import atomic
 from mazerl.cluster.errors import RetryableJobError
 from mazerl.cluster.submitter import JobOutcome, RayJob, module_entrypoint
-from tasks.attempts import close_crashed_attempts
 from tasks.context import RunContext, ray_headers
 
 # A job's output is a log, not a terminal: Hugging Face's progress bars ("Loading weights",
@@ -43,11 +42,6 @@ def run_stage_job(
     ``entrypoint_memory`` to start the job on a node with that much memory.
     """
     logger = get_run_logger()
-    # A crashed attempt of this Prefect flow run left its task run RUNNING? (The Prefect flow run's own id:
-    # context.flow_run_id names the pipeline run, which is "local" or any string outside a deployment.)
-    if task_run.id is not None and flow_run.id is not None:
-        for name in close_crashed_attempts(flow_run.id, task_run.id, stage):
-            logger.info(f"{stage}: marked task run {name!r} of a killed attempt Crashed (it could not say so itself)")
 
     def log(line: str) -> None:
         logger.info(line)
