@@ -125,20 +125,6 @@ def read_holder(path: str | os.PathLike) -> Holder | None:
         return None
 
 
-def live_holder(path: str | os.PathLike) -> Holder | None:
-    """Who holds the lock at ``path`` now, or None when no live process does (its holder ended)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        if _try_flock(fd, Path(path), fcntl.LOCK_SH):
-            return None
-        return read_holder(path) or Holder(0, "?", 0.0, "unknown")
-    finally:
-        os.close(fd)
-
-
 def _try_flock(fd: int, path: Path, kind: int = fcntl.LOCK_EX) -> bool:
     try:
         fcntl.flock(fd, kind | fcntl.LOCK_NB)
