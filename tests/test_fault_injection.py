@@ -1,6 +1,7 @@
 """Fault injection with real processes: training killed at seeded random points, killed at the exact
 points between a checkpoint and its metrics row (checkpoint interval 2, metrics in metrics.jsonl and
-MLflow exactly once), a full or read-only disk at checkpoint time (the OS error simulated), the flow
+MLflow exactly once), a second trainer started on a run directory another trainer holds, a full or
+read-only disk at checkpoint time (the OS error simulated), the flow
 process killed while its Ray job trains and the flow run retried, and the Ray head gone when a stage
 starts.
 
