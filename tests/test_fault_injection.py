@@ -1,9 +1,8 @@
 """Fault injection with real processes: training killed at seeded random points, killed at the exact
 points between a checkpoint and its metrics row (checkpoint interval 2, metrics in metrics.jsonl and
 MLflow exactly once), a second trainer started on a run directory another trainer holds, a full or
-read-only disk at checkpoint time (the OS error simulated), the flow
-process killed while its Ray job trains and the flow run retried, and the Ray head gone when a stage
-starts.
+read-only disk at checkpoint time (the OS error simulated), the flow process killed while its Ray
+job trains and the flow run retried, and the Ray head gone when a stage starts.
 
 The tiny training config is the one of tests/test_local_trainer.py: seconds per step on the
 reduced starter, CPU, one torch thread, so resumed runs can be compared bit for bit.
