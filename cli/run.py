@@ -7,6 +7,11 @@ a store under the data root (unless a Prefect API is configured), uses the embed
 if no address is given (started if none runs, stopped when the last run using it ends), runs
 the flow, and prints where everything landed.
 
+Run again after a kill, it resumes: the interrupted run with the same parameters on the same
+data root continues from its last checkpoint, and ``--fresh`` starts a new one instead
+(:mod:`cli.resume`); a temporary Prefect server the killed run left behind is stopped first
+(:mod:`cli.prefect_server`).
+
 Exit codes: 0 the run completed, 2 a bad input (the message names the flag or parameter and
 the fix), 1 a failure during the run (its record is the failed Prefect flow run).
 """
@@ -23,13 +28,16 @@ from urllib.parse import urlparse
 
 from pydantic import ValidationError
 
+from cli import prefect_server, resume
 from mazerl import paths
+from mazerl.cluster.client import ray_headers
 from mazerl.cluster.ray_local import check_temp_dir, find_local_head, local_ray_head
+from mazerl.cluster.submitter import stop_pipeline_jobs
 from mazerl.input_files import InputFileError, parse_json, read_input_text
 from mazerl.params import PRESETS, PipelineParams, control_character, redacted
 from mazerl.preflight import InputError, check_pipeline_inputs, check_ray_address, check_ray_address_env, fetch
 
-EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 
 
@@ -50,6 +58,8 @@ def configure_prefect(root: Path) -> None:
     # Prefect's temporary server gets 20 s to start by default; a busy 2-core laptop needs more
     # (seen: "Timed out while attempting to connect to ephemeral Prefect API server").
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    if not os.environ.get("PREFECT_API_URL"):  # the temporary server Prefect starts: a killed run's is stopped later
+        prefect_server.claim_temporary_server()
 
 
 def add_run_command(subparsers: argparse._SubParsersAction) -> None:
@@ -72,6 +82,12 @@ def add_run_command(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--max-eval-mazes", type=int, help="evaluate only the first N mazes (smoke runs)")
     run.add_argument("--training", help="JSON object of training config overrides, e.g. '{\"learning_rate\": 5e-5}'")
     run.add_argument("--params", help="JSON file with all pipeline parameters (flags override it)")
+    run.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start a new run even if a run with the same parameters on this data root was interrupted "
+        "(default: resume that one from its last checkpoint)",
+    )
     run.set_defaults(func=run_command)
 
 
@@ -190,25 +206,58 @@ def run_command(args: argparse.Namespace) -> int:
         check_run_inputs(params)
         root = params.root()
         paths.make_data_root(root)
+        run_lock = resume.hold_run_lock(params)  # one mazerl run per run; held until this process ends
     except (ValueError, OSError) as exc:  # pydantic's ValidationError, InputError, FlagError are ValueErrors
         print(f"error: {describe(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     configure_prefect(root)
-    with local_ray_head() if params.ray_address is None else nullcontext() as head:
+    prefect_server.stop_orphaned_servers(os.environ.get("PREFECT_HOME"), log=print)  # before Prefect starts its own
+    with run_lock, local_ray_head() if params.ray_address is None else nullcontext() as head:
         if head is not None:
             print(f"local Ray head at {head.address} ({'started' if head.started_here else 'reused'})", flush=True)
         # Prefect, torch and MLflow take seconds to import: only once every input is known to be good
+        from prefect.exceptions import TerminationSignal
+
         from flows.pipeline import pipeline
 
         try:
-            summary = pipeline(params)
+            state = run_or_resume(pipeline, params, fresh=args.fresh, ray_address=params.ray_address or head.address)
+            summary = state.result()
         except Exception as exc:  # the flow run's record (state, logs, traceback) is in Prefect
             print(f"\nerror: the pipeline run failed: {type(exc).__name__}: {describe(exc)}", file=sys.stderr)
             print("its record: prefect flow-run ls --state Failed; prefect flow-run logs <id>", file=sys.stderr)
             return EXIT_BAD_INPUT if isinstance(exc, ValueError) else EXIT_FAILURE
+        except (KeyboardInterrupt, TerminationSignal) as exc:  # Ctrl-C, SIGTERM: Prefect marked the run Crashed
+            print(f"\ninterrupted ({type(exc).__name__}): {resume_hint(args)}", file=sys.stderr)
+            return EXIT_INTERRUPTED
     print("\n" + "=" * 72 + "\n" + summary.text())
     print(closing_hints(summary.tracking_uri, root, embedded_head=params.ray_address is None))
     return EXIT_OK
+
+
+def run_or_resume(flow: Any, params: PipelineParams, *, fresh: bool, ray_address: str) -> Any:
+    """Resume the interrupted run of these parameters (or, with ``fresh``, abandon it) and run; the final State."""
+    interrupted = resume.find_interrupted_run(flow, params)
+    if interrupted is not None:
+        for closed in resume.close_dead_attempt(interrupted, params):
+            print(f"the interrupted run {interrupted.name}: {closed}", flush=True)
+        if not fresh:
+            print(f"resuming {interrupted.name} {interrupted.progress()} (--fresh starts a new run)", flush=True)
+            return resume.resume(flow, interrupted, params)
+        stopped = stop_pipeline_jobs(ray_address, interrupted.flow_run_id, ray_headers(ray_address))
+        print(
+            f"starting a new run (--fresh); the interrupted run {interrupted.name} stays Crashed, its files stay under "
+            f"{interrupted.run_dir}" + (f"; stopped its Ray jobs {', '.join(stopped)}" if stopped else ""),
+            flush=True,
+        )
+    return flow(params, return_state=True)
+
+
+def resume_hint(args: argparse.Namespace) -> str:
+    """What to type to continue an interrupted run: the same command."""
+    mazerl = paths.venv_command("mazerl")
+    again = " ".join([mazerl, *sys.argv[1:]]) if sys.argv[1:2] == ["run"] else f"{mazerl} run with the same flags"
+    return f"run the same command again ({again}) to resume from the last checkpoint, or add --fresh to start over"
 
 
 def closing_hints(tracking_uri: str, root: Path, *, embedded_head: bool) -> str:

@@ -13,7 +13,7 @@ from prefect import flow
 
 from mazerl.params import PipelineParams
 from mazerl.reporting.promotion import PipelineSummary
-from tasks.attempts import end_mlflow_runs
+from tasks.attempts import close_killed_attempts, end_mlflow_runs
 from tasks.cluster import verify_cluster
 from tasks.evaluation import EvalSettings, baseline_eval, final_eval
 from tasks.merge import merge_lora
@@ -28,6 +28,7 @@ from tasks.training import train
     validate_parameters=True,
     on_failure=[end_mlflow_runs],  # a failure outside any stage must not leave the MLflow parent RUNNING
     on_crashed=[end_mlflow_runs],
+    on_running=[close_killed_attempts],  # a retry closes the task runs a killed attempt left RUNNING
 )
 def pipeline(params: PipelineParams = PipelineParams()) -> PipelineSummary:  # noqa: B008 (pydantic default)
     """Teach the policy to solve mazes with multi-turn GRPO and promote it if it beats its baseline."""

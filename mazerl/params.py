@@ -395,6 +395,13 @@ class PipelineParams(EvalEngineParams):
     hang_timeout_s: float = Field(
         1800.0, gt=0, description="Stop and retry a training job with no new step for this long."
     )
+    ray_jobs_on_stop: Literal["auto", "stop", "keep"] = Field(
+        "auto",
+        description="What a flow process stopped gracefully (SIGTERM: a pod eviction, kill; Ctrl-C) does with its "
+        "stage's running Ray job: 'stop' it (the laptop: `mazerl run` again resumes from the checkpoint), or "
+        "'keep' it running for the retry of the flow run to re-attach to (a deployment: no step is lost); "
+        "'auto': keep for a deployment's flow run, stop otherwise. Cancelling a flow run always stops its job.",
+    )
     max_artifact_mb: float = Field(
         512.0, ge=0, description="Merged models above this size are logged as a pointer, not copied into MLflow."
     )

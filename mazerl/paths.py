@@ -86,6 +86,12 @@ def models_dir(root: Path) -> Path:
     return root / "models"
 
 
+def run_id_for(flow_run_name: str, flow_run_id: str) -> str:
+    """A pipeline run's directory name: readable, and the same for every attempt of one flow run
+    (``festive-rattlesnake-1a2b3c4d``: the Prefect flow run's name and the start of its id)."""
+    return f"{flow_run_name}-{flow_run_id[:8]}"
+
+
 def run_dir(root: Path, run_id: str) -> Path:
     return root / "runs" / run_id
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
+from mazerl.cluster.client import ray_headers
 from mazerl.cluster.fixes import CLUSTER_FIXES
 from mazerl.cluster.verify import requirements_for
 from mazerl.cluster.verify import verify_cluster as check_readiness
 from mazerl.params import PipelineParams
 from mazerl.tracking.lineage import stage_run
 from mazerl.tracking.store import client_for
-from tasks.context import RunContext, ray_headers
+from tasks.context import RunContext
 
 
 @task(name="verify_cluster", retries=1, retry_delay_seconds=10)

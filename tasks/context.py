@@ -1,16 +1,15 @@
 """What every stage of one pipeline run shares: resolved once by the first task, passed as a value.
 
 ``RunContext`` holds no secrets (Prefect persists task inputs and results): the Ray token is
-looked up where it is needed (:func:`ray_headers`), never carried around.
+looked up where it is needed (:func:`mazerl.cluster.client.ray_headers`), never carried around.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from mazerl.cluster.ray_local import find_local_head
+from mazerl.cluster.client import ray_headers  # noqa: F401 (tests/test_bad_inputs.py imports it from here)
 from mazerl.tracking import lineage
 from mazerl.training.config import TrainConfig
 
@@ -31,6 +30,8 @@ class RunContext:
     # the training config prepare resolved, the one every stage uses (None: the eval-only flow); the
     # train stage writes it into the run directory for its job
     train_config: TrainConfig | None = None
+    # what a gracefully stopped flow process does with its stage's Ray job (PipelineParams.ray_jobs_on_stop)
+    jobs_on_stop: str = "auto"
 
     @property
     def run_dir(self) -> Path:
@@ -48,19 +49,3 @@ class RunContext:
         if stage in self.stage_run_ids:
             return self.stage_run_ids[stage]
         return lineage.stage_run_id(self.tracking_uri, self.pipeline_run_id, stage)
-
-
-def ray_headers(address: str) -> dict[str, str] | None:
-    """The bearer header for a token-protected cluster, read fresh where the token lives.
-
-    The embedded head keeps its token in a 0600 file of its own; a cluster's token comes from
-    Ray's standard variables (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``, e.g. a mounted
-    Kubernetes Secret). None: no token known, Ray's client decides.
-    """
-    head = find_local_head()
-    if head is not None and head.address.rstrip("/") == address.rstrip("/"):
-        return head.auth_headers()
-    token = os.environ.get("RAY_AUTH_TOKEN")
-    if not token and os.environ.get("RAY_AUTH_TOKEN_PATH"):
-        token = Path(os.environ["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
-    return {"Authorization": f"Bearer {token}"} if token else None

@@ -7,13 +7,15 @@ from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger
-from prefect.runtime import flow_run, task_run
+from prefect.client.orchestration import get_client
+from prefect.exceptions import TerminationSignal
+from prefect.runtime import deployment, flow_run, task_run
 
 from mazerl import atomic
+from mazerl.cluster.client import ray_headers
 from mazerl.cluster.errors import RetryableJobError
 from mazerl.cluster.submitter import JobOutcome, RayJob, module_entrypoint
-from tasks.attempts import close_crashed_attempts
-from tasks.context import RunContext, ray_headers
+from tasks.context import RunContext
 
 # A job's output is a log, not a terminal: Hugging Face's progress bars ("Loading weights",
 # "Writing model shards") would add two lines per model load or save.
@@ -43,11 +45,6 @@ def run_stage_job(
     ``entrypoint_memory`` to start the job on a node with that much memory.
     """
     logger = get_run_logger()
-    # A crashed attempt of this Prefect flow run left its task run RUNNING? (The Prefect flow run's own id:
-    # context.flow_run_id names the pipeline run, which is "local" or any string outside a deployment.)
-    if task_run.id is not None and flow_run.id is not None:
-        for name in close_crashed_attempts(flow_run.id, task_run.id, stage):
-            logger.info(f"{stage}: marked task run {name!r} of a killed attempt Crashed (it could not say so itself)")
 
     def log(line: str) -> None:
         logger.info(line)
@@ -66,6 +63,7 @@ def run_stage_job(
         hang_timeout_s=hang_timeout_s,
         progress_probe=progress_probe,
         log_offsets_dir=context.run_dir / "job_logs",  # a retry of this flow run continues the log
+        keep_running_on=keep_job_when_stopped(context.jobs_on_stop),
         **job_options,
     ) as job:
         logger.info(
@@ -73,6 +71,41 @@ def run_stage_job(
             + (" (re-attached)" if job.reattached else "")
         )
         return job.wait()
+
+
+def keep_job_when_stopped(policy: str) -> Callable[[BaseException], str | None]:
+    """What the stage's Ray job does when the flow process is stopped gracefully (``ray_jobs_on_stop``).
+
+    A SIGTERM (a pod eviction, ``kill``) or Ctrl-C reaches the stage as an exception leaving
+    the job's ``with`` block. On a deployment (policy ``auto``, or ``keep``) the job keeps
+    running: the retry of the flow run re-attaches to it and no step is lost. On the laptop
+    (``auto`` without a deployment, or ``stop``) it is stopped: the embedded head goes down with
+    the last run using it, and ``mazerl run`` again resumes from the checkpoint. A flow run
+    being cancelled always stops its job, as does any other exception.
+    """
+
+    def keep(exc: BaseException) -> str | None:
+        keeps = policy == "keep" or (policy == "auto" and deployment.id is not None)
+        if not keeps or not isinstance(exc, TerminationSignal | KeyboardInterrupt) or _cancelling():
+            return None
+        return (
+            f"the flow process was stopped ({type(exc).__name__}) and ray_jobs_on_stop is {policy!r}: a retry of "
+            "this flow run (prefect flow-run retry) re-attaches to it"
+        )
+
+    return keep
+
+
+def _cancelling() -> bool:
+    """Whether this flow run is being cancelled (the SIGTERM was the cancellation, not an eviction)."""
+    if flow_run.id is None:
+        return False
+    try:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(flow_run.id).state
+    except Exception:  # noqa: BLE001 - the API is unreachable: not a cancellation anyone could have asked for
+        return False
+    return state is not None and (state.is_cancelling() or state.is_cancelled())
 
 
 def write_request(path: Path, request: dict[str, Any]) -> Path:

@@ -30,6 +30,7 @@ class MergedModel:
     source: str  # the artifact URI (or pointer) to register
     checkpoint_step: int
     summary: str
+    adapter_sha256: str = ""  # the merged adapter's digest: one registered version per trained adapter
 
 
 @task(
@@ -61,4 +62,6 @@ def merge_lora(run: RunContext, trained: TrainOutcome, params: PipelineParams) -
         run_stage_job(run, "merge_lora", "mazerl.merge.job_entry", request, entrypoint_memory=need.total_bytes)
         report = MergeReport.read(out_dir)  # its summary is in the job's last line ("merge done: ...") above
         logged = log_merged_model(run.tracking_uri, run_id, report.merged_dir, run.run_dir / "mlflow_model")
-    return MergedModel(Path(report.merged_dir), logged.source, report.checkpoint_step or 0, report.summary())
+    return MergedModel(
+        Path(report.merged_dir), logged.source, report.checkpoint_step or 0, report.summary(), report.adapter_sha256
+    )

@@ -15,6 +15,7 @@ from mazerl.reporting.promotion import (
     summary_markdown,
 )
 from mazerl.tracking.lineage import fails_run
+from mazerl.tracking.registry import TrainedAdapter
 from tasks.context import RunContext
 from tasks.merge import MergedModel
 from tasks.training import TrainOutcome
@@ -49,6 +50,15 @@ def promote(
             metrics_jsonl=trained.metrics_jsonl if trained.metrics_jsonl.is_file() else None,
             greedy_on=greedy_eval_mazes(run.training()),
             log=get_run_logger().info,
+            adapter=trained_adapter(trained, merged),
         )
         create_markdown_artifact(summary_markdown(summary, baseline, final), key="pipeline-summary")
     return summary
+
+
+def trained_adapter(trained: TrainOutcome, merged: MergedModel) -> TrainedAdapter | None:
+    """The training run whose checkpoint was merged (another flow run's, if this one followed its job)
+    and the adapter's digest: the key of the one registered version of that adapter."""
+    if not merged.adapter_sha256:
+        return None
+    return TrainedAdapter(training_run=trained.checkpoints_dir.parent.name, adapter_sha256=merged.adapter_sha256)

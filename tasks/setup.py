@@ -15,6 +15,7 @@ from mazerl import paths
 from mazerl.cluster.ray_local import ensure_local_head
 from mazerl.fingerprint import model_fingerprint
 from mazerl.params import EvalParams, PipelineParams
+from mazerl.paths import run_id_for
 from mazerl.preflight import InputError, check_pipeline_inputs, check_tracking_uri
 from mazerl.reporting.eval_runs import start_eval_run
 from mazerl.starter.build import ensure_starter
@@ -23,11 +24,6 @@ from mazerl.tracking.registry import model_version_dir
 from mazerl.training.config import TrainConfig
 from mazerl.training.recipes import PIPELINE_SET_TRAINING_FIELDS
 from tasks.context import RunContext
-
-
-def run_id_for(flow_run_name: str, flow_run_id: str) -> str:
-    """A readable, stable run directory name: the same for every retry of one flow run."""
-    return f"{flow_run_name}-{flow_run_id[:8]}"
 
 
 def retry_unless_bad_input(task, task_run, state) -> bool:
@@ -81,6 +77,7 @@ def prepare(params: PipelineParams) -> RunContext:
         stage_run_ids={},  # each stage opens (or, on a retry, finds) its own run when it starts
         pipeline_run_id=runs.parent_run_id,
         train_config=config,
+        jobs_on_stop=params.ray_jobs_on_stop,
     )
 
 

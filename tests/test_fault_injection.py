@@ -1,8 +1,8 @@
 """Fault injection with real processes: training killed at seeded random points, killed at the exact
 points between a checkpoint and its metrics row (checkpoint interval 2, metrics in metrics.jsonl and
-MLflow exactly once), a full or read-only disk at checkpoint time (the OS error simulated), the flow
-process killed while its Ray job trains and the flow run retried, and the Ray head gone when a stage
-starts.
+MLflow exactly once), a second trainer started on a run directory another trainer holds, a full or
+read-only disk at checkpoint time (the OS error simulated), the flow process killed while its Ray
+job trains and the flow run retried, and the Ray head gone when a stage starts.
 
 The tiny training config is the one of tests/test_local_trainer.py: seconds per step on the
 reduced starter, CPU, one torch thread, so resumed runs can be compared bit for bit.
@@ -303,6 +303,71 @@ def test_kills_between_a_checkpoint_and_its_metrics_row_leave_every_step_logged_
         assert steps == [1, 2, 3, 4, 5, 6], f"MLflow history of {key}: steps {steps}"
         values = {m.step: m.value for m in client.get_metric_history(mlflow_run, key)}
         assert values == {row["step"]: row[key] for row in rows}, f"MLflow and metrics.jsonl agree on {key}"
+
+
+# --------------------------------------------------------------------------------------
+# (a3) A second trainer started deliberately on the same run directory
+# --------------------------------------------------------------------------------------
+
+# The entry point as the Ray job runs it, holding before step 2's rollout until a gate file exists, so that
+# a second trainer is sure to meet it mid-run.
+GATED_WRAPPER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from mazerl.training import local_entry
+    from mazerl.training.local_trainer import LocalGRPOTrainer
+
+    gate = Path(sys.argv[1])
+    rollout = LocalGRPOTrainer._rollout
+    def gated_rollout(self, step):
+        while step == 2 and not gate.exists():
+            time.sleep(0.1)
+        return rollout(self, step)
+    LocalGRPOTrainer._rollout = gated_rollout
+
+    sys.exit(local_entry.main(sys.argv[2:]))
+    """
+)
+
+
+def test_a_second_trainer_on_the_same_run_directory_waits_for_the_first_and_trains_nothing_twice(
+    tmp_path, starter_model_dir
+):
+    from mazerl.training import trainer_lock
+
+    # Given a training running (a 3-step run past its first step, held before its second),
+    config = tiny_config(tmp_path, starter_model_dir, steps=3)
+    config_path = save_config(config, tmp_path / "train.json")
+    wrapper, gate = tmp_path / "gated.py", tmp_path / "gate"
+    wrapper.write_text(GATED_WRAPPER)
+    first = launch([sys.executable, str(wrapper), str(gate), "--config", str(config_path)])
+    first_lines = []
+    for line in first.stdout:
+        first_lines.append(line)
+        if line.startswith("step 1/3"):
+            break
+    assert first.poll() is None, "".join(first_lines)[-3000:]
+    # when a second trainer is started on the same config (as a retry whose first job's process was orphaned),
+    second = launch([sys.executable, "-m", "mazerl.training.local_entry", "--config", str(config_path)])
+    second_lines = []
+    for line in second.stdout:
+        second_lines.append(line)
+        if "waiting for the trainer" in line:
+            break
+    # then it waits for the first one, naming its pid and how to stop it, before reading any checkpoint,
+    waiting = second_lines[-1]
+    assert f"pid {first.pid} on" in waiting and f"kill {first.pid}" in waiting, "".join(second_lines)[-3000:]
+    time.sleep(2)
+    assert second.poll() is None and jsonl_steps(config) == [1], "the second trainer wrote nothing while it waited"
+    # and once the first one finishes, the second takes over, finds the run complete and trains nothing again.
+    gate.touch()
+    rest_of_first = first.communicate(timeout=600)[0]
+    assert first.returncode == 0, rest_of_first[-3000:]
+    output = second.communicate(timeout=600)[0]
+    assert second.returncode == 0 and "already complete at step 3" in output, output[-3000:]
+    assert jsonl_steps(config) == [1, 2, 3], "every step was trained and logged once"
+    assert trainer_lock.lock_path(config.run_dir).is_file(), "the lock file stays; the lock died with its holder"
 
 
 # --------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ BASE = {
     "mazerl.paths",
     "mazerl.progress",
     "mazerl.atomic",
+    "mazerl.process_lock",
     "mazerl.fingerprint",
     "mazerl.upstream_warnings",
     "mazerl.input_files",

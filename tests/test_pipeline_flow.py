@@ -173,6 +173,27 @@ def test_the_runs_prefect_log_is_free_of_known_noise(full_run):
     assert len(steps) == 2 and all(m.endswith(" left") for m in steps), steps
 
 
+def test_a_fresh_run_reports_no_crash_and_no_task_run_ever_crashed(full_run):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
+
+    # Given a fresh flow run that completed (its baseline stage runs a cached task inside it),
+    root, summary = full_run
+    flow_run_id = MlflowClient(summary.tracking_uri).get_run(summary.mlflow_run_id).data.tags["prefect.flow_run_id"]
+    with get_client(sync_client=True) as client:
+        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        histories = {run.name: [s.type.value for s in client.read_task_run_states(run.id)] for run in task_runs}
+        messages: list[str] = []
+        log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+        while page := client.read_logs(log_filter=log_filter, limit=200, offset=len(messages)):
+            messages += [log.message for log in page]
+    # then none of its task runs was ever marked Crashed (the enclosing baseline_eval included),
+    assert {name.rsplit("-", 1)[0] for name in histories} >= {"baseline_eval", "evaluate_baseline", "train"}
+    assert not {name: h for name, h in histories.items() if "CRASHED" in h}, histories
+    # and its log tells of no crash or killed attempt.
+    assert not [m for m in messages if "Crashed" in m or "killed attempt" in m], "a false alarm in a fresh run"
+
+
 def test_mlflow_ui_in_a_browser_shows_headline_metrics_stage_durations_and_gifs(full_run, tmp_path):
     """Headless Chromium against ``mlflow ui`` on the run's store (tests/mlflow_browser.py)."""
     from mlflow_browser import check_pipeline_run_pages

@@ -123,3 +123,42 @@ def test_exact_mcnemar_p_is_scipys_exact_binomial_test_on_the_discordant_mazes(f
 
     expected = 1.0 if fixed + broken == 0 else binomtest(fixed, fixed + broken, 0.5).pvalue
     assert exact_mcnemar_p(fixed, broken) == pytest.approx(expected, rel=1e-12)
+
+
+def test_two_flow_runs_promoting_one_trained_adapter_register_one_version(uri, tmp_path):
+    from mazerl.tracking.registry import TrainedAdapter
+
+    # Given two flow runs that followed one training (the second re-attached to the first's job), each
+    # merging the same adapter into its own run directory and logging it from its own merge_lora run,
+    adapter = TrainedAdapter(training_run="festive-rattlesnake-1a2b3c4d", adapter_sha256="ab" * 32)
+    first_source, first_run = merged_model_source(uri, tmp_path)
+    second_source, second_run = merged_model_source(uri, tmp_path)
+    # when both reach promote (and the first one's promotion is retried),
+    first = promote(uri, "maze-vlm", first_source, first_run, 0.2, 0.35, adapter=adapter)
+    again = promote(uri, "maze-vlm", first_source, first_run, 0.2, 0.35, adapter=adapter)
+    second = promote(uri, "maze-vlm", second_source, second_run, 0.2, 0.35, adapter=adapter)
+    # then the adapter is registered once, described by the run that got there first,
+    versions = MlflowClient(uri).search_model_versions("name = 'maze-vlm'")
+    assert [str(v.version) for v in versions] == ["1"], [(v.version, v.run_id) for v in versions]
+    assert first.version == again.version == second.version == "1"
+    assert versions[0].run_id == first_run and versions[0].tags["mazerl.adapter_sha256"] == "ab" * 32
+    assert versions[0].tags["mazerl.trained_run"] == adapter.training_run
+    # and another adapter of the same training run (a longer training) is a version of its own.
+    other = TrainedAdapter(training_run=adapter.training_run, adapter_sha256="cd" * 32)
+    assert promote(uri, "maze-vlm", second_source, second_run, 0.2, 0.4, adapter=other).version == "2"
+
+
+def test_promotions_of_one_adapter_that_raced_end_on_the_first_version(uri, tmp_path):
+    from mazerl.tracking.registry import TrainedAdapter, keep_first_version
+
+    # Given two promotions of one adapter that both found no version and both registered one,
+    adapter = TrainedAdapter(training_run="r", adapter_sha256="ef" * 32)
+    client = MlflowClient(uri)
+    registry.promote(uri, "maze-vlm", *merged_model_source(uri, tmp_path), 0.2, 0.3, adapter=adapter)
+    source, run_id = merged_model_source(uri, tmp_path)
+    late = client.create_model_version("maze-vlm", source=source, run_id=run_id, tags=adapter.tags())
+    # when the later one checks after registering,
+    kept = keep_first_version(client, "maze-vlm", adapter, late)
+    # then it deletes its own and both end on the first version.
+    assert str(kept.version) == "1"
+    assert [str(v.version) for v in client.search_model_versions("name = 'maze-vlm'")] == ["1"]

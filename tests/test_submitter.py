@@ -154,9 +154,9 @@ def test_submission_id_rejects_bad_input_naming_the_parameter(run, attempt, stag
         (
             "mazerl.training.local_entry",
             "/shared/runs/r1/config.json",
-            "python -m mazerl.training.local_entry --config /shared/runs/r1/config.json",
+            "exec python -m mazerl.training.local_entry --config /shared/runs/r1/config.json",
         ),
-        ("m", "/tmp/a b.json", "python -m m --config '/tmp/a b.json'"),
+        ("m", "/tmp/a b.json", "exec python -m m --config '/tmp/a b.json'"),
     ],
 )
 def test_module_entrypoint_quotes_the_config_path(module, config, expected):
@@ -372,20 +372,58 @@ def test_cancelling_the_caller_stops_the_ray_job(local_ray_head, scripts):
     )
 
 
+def test_a_caller_stopped_where_a_retry_re_attaches_keeps_its_job_and_an_abandoned_run_has_its_jobs_stopped(
+    local_ray_head, scripts
+):
+    from mazerl.cluster.submitter import stop_pipeline_jobs
+
+    lines: list[str] = []
+
+    def stopped_on_first_step(line: str) -> None:
+        lines.append(line)
+        if line.startswith("step"):
+            raise Cancelled  # as Prefect's TerminationSignal reaches a deployment's stage on SIGTERM
+
+    # Given a stage whose policy keeps its job when the flow process is stopped (a deployment's),
+    run = run_id()
+    running = RayJob(
+        local_ray_head.address,
+        f"{sys.executable} {scripts / 'hang.py'}",
+        pipeline_run_id=run,
+        attempt=1,
+        headers=local_ray_head.auth_headers(),
+        log=stopped_on_first_step,
+        keep_running_on=lambda exc: "its retry re-attaches" if isinstance(exc, Cancelled) else None,
+    )
+    # when the process is stopped while the job runs,
+    with pytest.raises(Cancelled), running:
+        running.wait()
+    # then the job runs on, and the log says so (the retry of the flow run re-attaches to it),
+    client = client_for(local_ray_head)
+    assert str(client.get_job_status(running.submission_id)) == "RUNNING"
+    assert any(f"left Ray job {running.submission_id} running" in line and "re-attaches" in line for line in lines)
+    # and when that run is abandoned instead (mazerl run --fresh), its jobs are stopped.
+    assert stop_pipeline_jobs(local_ray_head.address, run, local_ray_head.auth_headers()) == [running.submission_id]
+    assert str(client.get_job_status(running.submission_id)) == "STOPPED"
+
+
 def test_a_training_job_runs_a_module_entrypoint_with_the_config(local_ray_head, tmp_path):
-    """The real entrypoint shape, ``python -m <module> --config <file>``: plain ``python`` must be
-    this venv's interpreter on the head, and the job must import this checkout's code."""
+    """The real entrypoint shape, ``exec python -m <module> --config <file>``: plain ``python`` must be
+    this venv's interpreter on the head, the job must import this checkout's code, and no shell
+    stays between Ray and the module (a wrapper killed alone would orphan the trainer)."""
     from mazerl.cluster.submitter import project_root
 
     (tmp_path / "fake_entry.py").write_text(
         textwrap.dedent(
             """
-            import argparse, json
+            import argparse, json, os
             import mazerl.cluster  # the project is importable inside the job
             parser = argparse.ArgumentParser()
             parser.add_argument("--config", required=True)
             config = json.load(open(parser.parse_args().config))
             print(f"step 1 run_id={config['run_id']}", flush=True)
+            parent = open(f"/proc/{os.getppid()}/cmdline", "rb").read().split(b"\\0")[0].decode()
+            print(f"parent={parent}", flush=True)
             """
         )
     )
@@ -404,6 +442,8 @@ def test_a_training_job_runs_a_module_entrypoint_with_the_config(local_ray_head,
         outcome = job.wait()
     assert outcome.status == "SUCCEEDED"
     assert "step 1 run_id=r-42" in lines, lines
+    (parent,) = [line.removeprefix("parent=") for line in lines if line.startswith("parent=")]
+    assert not parent.endswith("sh"), f"the module runs under a shell wrapper ({parent}), not in its place"
 
 
 def test_unreachable_address_is_retryable_and_names_it():

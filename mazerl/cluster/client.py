@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from mazerl.cluster.errors import ClusterAccessError, ConfigError, RetryableJobError
+from mazerl.cluster.ray_local import find_local_head
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
@@ -131,6 +132,22 @@ def job_client(address: str | RayAddress, headers: dict[str, str] | None = None)
         ) from None
     except Exception as exc:  # Ray and the toolkit raise plain exceptions; map them by what they say
         raise _map_client_error(parsed, exc) from None
+
+
+def ray_headers(address: str) -> dict[str, str] | None:
+    """The bearer header for a token-protected cluster, read fresh where the token lives.
+
+    The embedded head keeps its token in a 0600 file of its own; a cluster's token comes from
+    Ray's standard variables (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``, e.g. a mounted
+    Kubernetes Secret). None: no token known, Ray's client decides.
+    """
+    head = find_local_head()
+    if head is not None and head.address.rstrip("/") == address.rstrip("/"):
+        return head.auth_headers()
+    token = os.environ.get("RAY_AUTH_TOKEN")
+    if not token and os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        token = Path(os.environ["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
+    return {"Authorization": f"Bearer {token}"} if token else None
 
 
 def _map_client_error(address: RayAddress, exc: Exception) -> Exception:

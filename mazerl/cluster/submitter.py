@@ -39,7 +39,9 @@ What it guarantees (design section 4):
   once is a real access problem and raised as such.
 - **Cancelling the caller stops the job.** Any exception leaving :meth:`RayJob.wait` inside
   the ``with`` block (KeyboardInterrupt, task cancellation, an error in ``log``) stops the Ray
-  job. A caller killed outright (SIGKILL) leaves it running, and the re-run re-attaches.
+  job, unless ``keep_running_on(exc)`` gives a reason to keep it (a deployment's flow process
+  stopped by SIGTERM: its retry re-attaches). A caller killed outright (SIGKILL) leaves it
+  running, and the re-run re-attaches.
 
 Code on the cluster: ``runtime_env="auto"`` (the default) gives a head on this machine
 (127.0.0.1/localhost) ``PYTHONPATH=<this checkout>`` so the job runs exactly the caller's
@@ -149,14 +151,20 @@ def submission_id_for(pipeline_run_id: str, attempt: int, stage: str = "train") 
 
 
 def module_entrypoint(module: str, config_path: str | Path, python: str = "python") -> str:
-    """``python -m <module> --config <file>``: how every mazerl job is started."""
+    """``exec python -m <module> --config <file>``: how every mazerl job is started.
+
+    Ray runs an entrypoint through ``/bin/sh -c``; ``exec`` makes that shell *become* the
+    module's process. Without it the shell stays as a wrapper: killed alone, it ends the job
+    (FAILED, retried) while the trainer under it runs on as an orphan that Ray's stop no longer
+    reaches, and the retry would start a second trainer on the same checkpoints.
+    """
     if not isinstance(module, str) or not _MODULE.match(module):
         raise ConfigError(
             f"entrypoint_module ({module!r}) must be a dotted module name, e.g. mazerl.training.local_entry"
         )
     if not str(config_path).strip():
         raise ConfigError("config_path is empty: give the path of the training config file as the cluster sees it")
-    return f"{python} -m {module} --config {shlex.quote(str(config_path))}"
+    return f"exec {python} -m {module} --config {shlex.quote(str(config_path))}"
 
 
 def project_root() -> Path:
@@ -229,6 +237,7 @@ class RayJob:
         entrypoint_memory: int | None = None,
         identity: dict[str, str] | None = None,
         log_offsets_dir: str | Path | None = None,
+        keep_running_on: Callable[[BaseException], str | None] | None = None,
     ):
         if not isinstance(entrypoint, str) or not entrypoint.strip():
             raise ConfigError(
@@ -274,6 +283,8 @@ class RayJob:
         self.log_offsets_dir = Path(log_offsets_dir) if log_offsets_dir is not None else None
         self._log_offset = self._recorded_offset = 0  # log characters handed to ``log`` / recorded as such
         self._lines_before = 0  # lines an earlier attempt handed out (from its record)
+        # asked when an exception leaves the ``with`` block: a reason to leave the job running, or None to stop it
+        self.keep_running_on = keep_running_on
 
     # context manager: leaving the block with an exception stops the job
     def __enter__(self) -> RayJob:
@@ -281,8 +292,13 @@ class RayJob:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None and not self._finished:
-            self.stop(reason=f"the caller stopped waiting ({exc_type.__name__})")
+        if exc_type is None or self._finished:
+            return
+        keep = self.keep_running_on(exc) if self.keep_running_on is not None and exc is not None else None
+        if keep and self.submission_id is not None:
+            self.log(f"left Ray job {self.submission_id} running at {self.address}: {keep}")
+            return
+        self.stop(reason=f"the caller stopped waiting ({exc_type.__name__})")
 
     def start(self) -> str:
         """Re-attach to this pipeline run's active job, or submit a new one; returns its id."""
@@ -639,6 +655,25 @@ class RayJob:
             message=message,
             metadata=dict(self.metadata),
         )
+
+
+def stop_pipeline_jobs(
+    address: str, pipeline_run_id: str, headers: dict[str, str] | None = None, wait_s: float = 30.0
+) -> list[str]:
+    """Stop every active Ray job of one pipeline run (one abandoned for a fresh start); returns their ids.
+
+    Waits until Ray reports them terminal: a new run's train stage that looked while one was
+    still stopping would take it for the same training and re-attach to it.
+    """
+    client = job_client(address, headers)
+    active = [j for j in client.list_jobs() if _meta(j).get(META_RUN) == pipeline_run_id and _status(j) in ACTIVE]
+    for job in active:
+        client.stop_job(job.submission_id)
+    deadline = time.monotonic() + wait_s
+    for job in active:
+        while _status(client.get_job_info(job.submission_id)) not in TERMINAL and time.monotonic() < deadline:
+            time.sleep(0.2)
+    return [job.submission_id for job in active]
 
 
 # --- helpers ------------------------------------------------------------------------------

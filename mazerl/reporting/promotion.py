@@ -25,7 +25,7 @@ from mazerl.evaluation.evaluate import EvalReport
 from mazerl.evaluation.summary import exact_mcnemar_p
 from mazerl.tracking.curves import log_learning_curve
 from mazerl.tracking.lineage import set_run_status
-from mazerl.tracking.registry import promote
+from mazerl.tracking.registry import TrainedAdapter, promote
 from mazerl.tracking.secrets import scrub_text
 from mazerl.tracking.store import HEADLINE_METRICS, client_for, experiment_url, ui_url
 from mazerl.training.config import TrainConfig
@@ -123,9 +123,11 @@ def conclude_pipeline_run(
     metrics_jsonl: Path | None,
     greedy_on: str,
     log: Callable[[str], None] = print,
+    adapter: TrainedAdapter | None = None,
 ) -> PipelineSummary:
     """Register and maybe promote; then the learning curve, the headline metrics and the summary on the
-    parent run, which ends FINISHED."""
+    parent run, which ends FINISHED. ``adapter``: what was merged, so that one trained adapter is
+    registered once however many flow runs reach here (:func:`~mazerl.tracking.registry.promote`)."""
     decision = promote(
         run.tracking_uri,
         registered_model,
@@ -135,6 +137,7 @@ def conclude_pipeline_run(
         final.success_rate,
         threshold,
         tags={"mazerl.pipeline_run_id": run.pipeline_run_id, "mazerl.run_dir": str(run.run_dir)},
+        adapter=adapter,
     )
     log(decision.reason)
     fixed, broken, failing, _ = paired_outcomes(baseline, final)

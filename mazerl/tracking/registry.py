@@ -9,8 +9,12 @@ success rate
 2. beats the current champion's final success rate (strictly; no champion yet counts as beaten),
 3. reaches ``threshold`` (an absolute floor on the final success rate; 0 disables it).
 
-A retried promotion reuses the version it already registered for the same run and source
-instead of registering a duplicate.
+One registered version per trained adapter: a version records the training run it was merged
+from and the adapter's digest (:class:`TrainedAdapter`), and a promotion of the same adapter,
+from a retry or from another flow run that followed the same training, reuses that version
+instead of registering a second one (:func:`version_of_adapter`, :func:`keep_first_version`).
+Without an adapter record, a retried promotion reuses the version it already registered for the
+same run and source.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ TAG_BASELINE = "mazerl.baseline_success"
 TAG_FINAL = "mazerl.final_success"
 TAG_RUN = "mazerl.run_id"
 TAG_DECISION = "mazerl.promotion"
+TAG_TRAINED_RUN = "mazerl.trained_run"  # the run directory whose checkpoint was merged
+TAG_ADAPTER = "mazerl.adapter_sha256"  # the merged adapter's digest (MergeReport.adapter_sha256)
 _LEGAL_NAME = re.compile(r"^[A-Za-z0-9_.\- ]+$")
 
 
@@ -54,6 +60,20 @@ class PromotionDecision:
     previous_champion_version: str | None
     previous_champion_success: float | None
     threshold: float
+
+
+@dataclass(frozen=True)
+class TrainedAdapter:
+    """What a merged model was made of: the training run (its run directory's name) and the adapter's digest.
+
+    Two flow runs that followed one training merge the same adapter; this is what says so.
+    """
+
+    training_run: str
+    adapter_sha256: str
+
+    def tags(self) -> dict[str, str]:
+        return {TAG_TRAINED_RUN: self.training_run, TAG_ADAPTER: self.adapter_sha256}
 
 
 def validate_model_name(name: str) -> str:
@@ -94,6 +114,29 @@ def _existing_version(client: MlflowClient, name: str, source: str, run_id: str)
         if version.source == source:
             return version
     return None
+
+
+def _versions_of_adapter(client: MlflowClient, name: str, adapter: TrainedAdapter) -> list[Any]:
+    wanted = adapter.tags()
+    versions = client.search_model_versions(f"name = '{name}'")
+    same = [v for v in versions if all(v.tags.get(key) == value for key, value in wanted.items())]
+    return sorted(same, key=lambda v: int(v.version))
+
+
+def version_of_adapter(client: MlflowClient, name: str, adapter: TrainedAdapter) -> Any | None:
+    """The version already registered for this trained adapter (the first, if a race made two), or None."""
+    same = _versions_of_adapter(client, name, adapter)
+    return same[0] if same else None
+
+
+def keep_first_version(client: MlflowClient, name: str, adapter: TrainedAdapter, created: Any) -> Any:
+    """After registering ``created``: if a concurrent promotion registered the same adapter first, delete
+    ``created`` and return that one, so that every promotion of one adapter ends on one version."""
+    first = version_of_adapter(client, name, adapter)
+    if first is None or str(first.version) == str(created.version):
+        return created
+    client.delete_model_version(name, str(created.version))
+    return first
 
 
 def _current_champion(client: MlflowClient, name: str) -> Any | None:
@@ -156,11 +199,13 @@ def promote(
     final_success: float,
     threshold: float = 0.0,
     tags: dict[str, str] | None = None,
+    adapter: TrainedAdapter | None = None,
 ) -> PromotionDecision:
     """Register ``model_source`` (the merged model's artifact URI) as a new version and maybe move ``champion``.
 
     ``run_id`` is the run that logged the merged model (the ``merge_lora`` run); ``tags``
-    adds version tags such as the pipeline, baseline and final eval run ids.
+    adds version tags such as the pipeline, baseline and final eval run ids. With ``adapter``,
+    a version already registered for that trained adapter is reused (one version per adapter).
     """
     validate_model_name(registered_model)
     baseline = _check_rate("baseline_success", baseline_success)
@@ -178,12 +223,17 @@ def promote(
         TAG_RUN: run_id,
         **{str(k): str(v) for k, v in (tags or {}).items()},
     }
-    version = _existing_version(client, registered_model, model_source, run_id)
-    if version is None:
-        version = client.create_model_version(registered_model, source=model_source, run_id=run_id, tags=version_tags)
+    if adapter is not None:
+        version = register_adapter_once(client, registered_model, adapter, model_source, run_id, version_tags)
     else:
-        for key, value in version_tags.items():
-            client.set_model_version_tag(registered_model, version.version, key, value)
+        version = _existing_version(client, registered_model, model_source, run_id)
+        if version is None:
+            version = client.create_model_version(
+                registered_model, source=model_source, run_id=run_id, tags=version_tags
+            )
+        else:
+            for key, value in version_tags.items():
+                client.set_model_version_tag(registered_model, version.version, key, value)
     champion = _current_champion(client, registered_model)
     number = str(version.version)  # the SQL store returns ints, the REST store strings
     promoted, reason, champion_success = _decide(final, baseline, threshold, champion, number)
@@ -202,6 +252,23 @@ def promote(
         previous_champion_success=champion_success if previous is not None else None,
         threshold=threshold,
     )
+
+
+def register_adapter_once(
+    client: MlflowClient,
+    name: str,
+    adapter: TrainedAdapter,
+    model_source: str,
+    run_id: str,
+    tags: dict[str, str],
+) -> Any:
+    """The one version of ``adapter``: the one registered before (its tags kept: the first run that got
+    there describes it), else a new one, unless a concurrent promotion of the same adapter won the race."""
+    version = version_of_adapter(client, name, adapter)
+    if version is not None:
+        return version
+    created = client.create_model_version(name, source=model_source, run_id=run_id, tags=tags | adapter.tags())
+    return keep_first_version(client, name, adapter, created)
 
 
 def model_version_dir(

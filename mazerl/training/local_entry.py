@@ -6,6 +6,8 @@ Configuration errors are every ``ValueError``, as in ``skyrl_entry``: the config
 a training pool larger than the world, PEFT's "target modules not found", a model that does
 not load. Training is deterministic from its checkpoint, so a retry would meet them again;
 I/O and runtime failures (``OSError``, ``RuntimeError``, a full disk) are retried.
+One trainer per run directory: the entry holds ``<run dir>/trainer.lock`` from before it reads
+the checkpoint until it exits, and a second one waits for the first (:mod:`~mazerl.training.trainer_lock`).
 MLflow: the tracking URI and run id come from the config, else from ``MLFLOW_TRACKING_URI``
 and ``MLFLOW_RUN_ID`` (set by the orchestrator for the ``train`` child run).
 """
@@ -22,8 +24,9 @@ import yaml
 from mazerl.cluster.metrics import TrainingMetrics
 from mazerl.input_files import read_config_file
 from mazerl.training.checkpoints import CheckpointError, CheckpointWriteError
-from mazerl.training.config import load_config
+from mazerl.training.config import TrainConfig, load_config
 from mazerl.training.local_trainer import LocalGRPOTrainer, TrainingConfigError
+from mazerl.training.trainer_lock import one_trainer
 
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG_ERROR = 0, 1, 2
 
@@ -84,8 +87,22 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config)
         if config.backend != "local":
             raise TrainingConfigError(f"backend={config.backend!r}: this entrypoint runs the local backend only")
+    except (ValueError, FileNotFoundError, yaml.YAMLError) as exc:  # ValidationError is one
+        log(f"configuration error: {exc}")
+        return EXIT_CONFIG_ERROR
+    try:
+        with one_trainer(config.run_dir, log):  # before the checkpoint is read: another trainer may be writing it
+            return train(config)
+    except OSError as exc:  # the run directory cannot be written (not even its lock file): retryable
+        log(f"training failed: {exc}")
+        return EXIT_FAILURE
+
+
+def train(config: TrainConfig) -> int:
+    """Train ``config`` to its last step (resuming after the checkpoint marker); returns the exit code."""
+    try:
         trainer = LocalGRPOTrainer(config, log=log)
-    except (ValueError, CheckpointError, FileNotFoundError, yaml.YAMLError) as exc:  # ValidationError is one
+    except (ValueError, CheckpointError, FileNotFoundError) as exc:
         log(f"configuration error: {exc}")
         return EXIT_CONFIG_ERROR
 

@@ -20,6 +20,9 @@ What it does, in the order it runs (SkyRL's VisGym entrypoint, plus our checks):
    line itself, and the hang watchdog and the progress artifact read that line.
 6. Check that the marker names the final step; anything less is a failure, never a success.
 
+Steps 2-6 hold the run directory's trainer lock (:mod:`mazerl.training.trainer_lock`): a
+second driver of the same run waits for the first instead of writing the same checkpoints.
+
 Exit codes: 0 success (or already complete); 2 configuration error, never worth a retry
 (bad config, SkyRL rejects it, SkyRL not installed, unusable checkpoint directory);
 1 anything else (Ray, GPUs, storage): the submitter may retry, and SkyRL resumes from the
@@ -55,6 +58,7 @@ from mazerl.training.skyrl_backend import (
     save_overrides,
     write_datasets,
 )
+from mazerl.training.trainer_lock import one_trainer
 
 EXIT_OK, EXIT_INFRA, EXIT_CONFIG = 0, 1, 2
 
@@ -213,7 +217,16 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, ValidationError, yaml.YAMLError) as error:  # SkyrlConfigError is a ValueError
         log(f"configuration error: {error}")
         return EXIT_CONFIG
+    try:
+        with one_trainer(config.run_dir, log):  # before the checkpoint is read: another trainer may be writing it
+            return train(config, overrides, args)
+    except OSError as error:  # the run directory on the shared mount cannot be written (its lock file)
+        log(f"infrastructure error: {error}")
+        return EXIT_INFRA
 
+
+def train(config: TrainConfig, overrides: dict[str, Any], args: argparse.Namespace) -> int:
+    """Steps 2-6 of the module docstring, holding the run directory's trainer lock."""
     try:
         step = completed_step(config)
     except checkpoints.CheckpointError as error:
