@@ -35,12 +35,15 @@ def run_stage_job(
     hang_timeout_s: float | None = None,
     progress_probe: Callable[[], object] | None = None,
     on_line: Callable[[str], None] | None = None,
+    rewrite: Callable[[str], str] | None = None,
     **job_options: Any,
 ) -> JobOutcome:
     """Submit (or re-attach to) ``python -m module --config config_path`` and follow it to its end.
 
-    ``job_options``: the rest of :class:`~mazerl.cluster.submitter.RayJob`'s options, e.g.
-    ``entrypoint_memory`` to start the job on a node with that much memory.
+    ``rewrite`` turns a job line into the line logged (e.g. the train stage adds the total time
+    left to each step line); ``on_line`` sees the job's own line. ``job_options``: the rest of
+    :class:`~mazerl.cluster.submitter.RayJob`'s options, e.g. ``entrypoint_memory`` to start the
+    job on a node with that much memory.
     """
     logger = get_run_logger()
     # A crashed attempt of this Prefect flow run left its task run RUNNING? (The Prefect flow run's own id:
@@ -50,7 +53,7 @@ def run_stage_job(
             logger.info(f"{stage}: marked task run {name!r} of a killed attempt Crashed (it could not say so itself)")
 
     def log(line: str) -> None:
-        logger.info(line)
+        logger.info(rewrite(line) if rewrite is not None else line)
         if on_line is not None:
             on_line(line)
 
@@ -67,11 +70,7 @@ def run_stage_job(
         progress_probe=progress_probe,
         log_offsets_dir=context.run_dir / "job_logs",  # a retry of this flow run continues the log
         **job_options,
-    ) as job:
-        logger.info(
-            f"{stage}: Ray job {job.submission_id} at {context.ray_address}"
-            + (" (re-attached)" if job.reattached else "")
-        )
+    ) as job:  # the submitter has said which job it submitted or re-attached to
         return job.wait()
 
 
