@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import re
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -29,6 +31,12 @@ from mazerl.params import PRESETS, PipelineParams
 from mazerl.preflight import check_pipeline_inputs, check_ray_address
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+# Lines of a run that tell its user nothing at the terminal. Only the terminal drops them: Prefect's
+# log of the run (its database, the UI, `prefect flow-run logs`) and the Ray jobs' logs keep every line.
+TERMINAL_NOISE = (
+    re.compile(r"^Finished in state Completed\(\)$"),  # one per task run; the stage lines say where the run is
+)
+QUIET_LOGGERS = ("mlflow.store.db.utils", "alembic.runtime.migration")  # a new store's table creation, at INFO
 JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 
 
@@ -49,6 +57,26 @@ def configure_prefect(root: Path) -> None:
     # Prefect's temporary server gets 20 s to start by default; a busy 2-core laptop needs more
     # (seen: "Timed out while attempting to connect to ephemeral Prefect API server").
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    # MLflow's download bars ("Downloading artifacts: 100%|...") when a table artifact is appended to
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
+class TerminalNoise(logging.Filter):
+    """Drops :data:`TERMINAL_NOISE` from the terminal's log handler."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(pattern.search(message) for pattern in TERMINAL_NOISE)
+
+
+def quiet_terminal() -> None:
+    """Filter the terminal's Prefect handler (never the one that sends logs to Prefect's API) and hush
+    the loggers of :data:`QUIET_LOGGERS`; call after Prefect is imported (it sets up its logging then)."""
+    for handler in logging.getLogger().handlers:
+        if type(handler).__name__ == "PrefectConsoleHandler":
+            handler.addFilter(TerminalNoise())
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def add_run_command(subparsers: argparse._SubParsersAction) -> None:
@@ -164,6 +192,7 @@ def run_command(args: argparse.Namespace) -> int:
         # Prefect, torch and MLflow take seconds to import: only once every input is known to be good
         from flows.pipeline import pipeline
 
+        quiet_terminal()
         try:
             summary = pipeline(params)
         except Exception as exc:  # the flow run's record (state, logs, traceback) is in Prefect
