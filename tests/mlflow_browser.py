@@ -17,6 +17,7 @@ not used (CI reaches package registries only).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -89,9 +90,7 @@ class MlflowUi:
 def _row_cells(page, run_name: str) -> dict[str, str]:
     """The runs table's cells (by column id) of the row showing ``run_name`` (ag-grid splits a row
     into a pinned and a scrolling part that share a row index)."""
-    link = page.locator("div[role=row] a", has_text=run_name).first
-    link.wait_for(timeout=PAGE_TIMEOUT_MS)
-    index = link.locator("xpath=ancestor::div[@role='row'][1]").get_attribute("row-index")
+    index = _row_index(page, run_name)
     cells = page.locator(f"div[role=row][row-index='{index}'] div[role=gridcell]")
     return {cells.nth(i).get_attribute("col-id"): cells.nth(i).inner_text() for i in range(cells.count())}
 
@@ -136,6 +135,10 @@ def check_pipeline_run_pages(root: Path, summary, tmp_path: Path, screenshots: s
         page.goto(summary.mlflow_url.replace("http://127.0.0.1:5000", ui.url))
         headline = f"baseline {summary.baseline:.1%} -> final {summary.final:.1%}"
         page.get_by_text(headline).first.wait_for()
+        _close_assistant(page)
+        more = page.get_by_text("Show more", exact=True)
+        if more.count():  # the run page shows a long description folded
+            more.first.click()
         text = page.inner_text("body")
         assert summary.run_id in text, "the run page is titled with the readable run id"
         assert summary.decision in text, "the description says what promotion decided and why"
@@ -159,23 +162,23 @@ def check_pipeline_run_pages(root: Path, summary, tmp_path: Path, screenshots: s
         if shots:
             page.evaluate("window.scrollTo(0, 0)")
             page.screenshot(path=str(shots / "mlflow_run_page.png"))
-            page.locator("img[src*='learning_curve.png']").first.scroll_into_view_if_needed()
+            table.scroll_into_view_if_needed()
             page.screenshot(path=str(shots / "mlflow_run_story.png"))
-        # 2. The runs table (the docs' link) shows the headline metric columns, and the stage runs
-        # under the parent in pipeline order, each with its own duration.
+        # 2. The runs table (the docs' link) shows the headline metric columns, and the pipeline run
+        # followed by its stage runs top-down in pipeline order, each with its own duration.
         page.goto(experiment_url(ui.url, experiment_id))
         parent_cells = _row_cells(page, summary.run_id)
         for name in HEADLINE_METRICS:
             assert f"metrics.`{name}`" in parent_cells, f"headline metric columns: {sorted(parent_cells)}"
-        expander = page.locator("div[role=row] button[data-component-id*='runnamecellrenderer']").first
-        expander.click()
-        order = []
+        order = [int(_row_index(page, summary.run_id))]
         for stage in STAGES:
             info = children[stage].info
             cells = _row_cells(page, stage)
             assert cells.get("duration") == format_duration(info.end_time - info.start_time), (stage, cells)
             order.append(int(_row_index(page, stage)))
-        assert order == sorted(order), f"stage rows top-down in pipeline order: {dict(zip(STAGES, order, strict=True))}"
+        assert order == list(range(order[0], order[0] + 6)), (
+            f"rows: {dict(zip(['parent', *STAGES], order, strict=True))}"
+        )
         assert _row_cells(page, summary.run_id)["duration"] == format_duration(
             parent.info.end_time - parent.info.start_time
         )
@@ -191,7 +194,9 @@ def check_pipeline_run_pages(root: Path, summary, tmp_path: Path, screenshots: s
         if shots:
             page.screenshot(path=str(shots / "mlflow_gif.png"))
         # 4. The registry page of this run's version: its description, and the link to the pipeline run.
-        page.goto(f"{ui.url}/#/models/{summary.registered_model}/versions/{summary.version}")
+        page.goto(
+            f"{ui.url}/#/models/{summary.registered_model}/versions/{summary.version}?workflowType=machine_learning"
+        )
         page.get_by_text(headline).first.wait_for()
         assert summary.decision.split(": ", 1)[-1] in page.inner_text("body"), "the version says the decision"
         link = page.locator(f"a[href*='/runs/{summary.mlflow_run_id}']", has_text=summary.run_id).first
@@ -211,5 +216,14 @@ def check_pipeline_run_pages(root: Path, summary, tmp_path: Path, screenshots: s
 
 
 def _row_index(page, run_name: str) -> str:
-    link = page.locator("div[role=row] a", has_text=run_name).first
+    """The runs table's row index of the run named exactly ``run_name``."""
+    link = page.locator("div[role=row] a").filter(has_text=re.compile(f"^{re.escape(run_name)}$")).first
+    link.wait_for(timeout=PAGE_TIMEOUT_MS)
     return link.locator("xpath=ancestor::div[@role='row'][1]").get_attribute("row-index")
+
+
+def _close_assistant(page) -> None:
+    """MLflow 3.17 opens its Assistant chat panel beside every page; close it (it only takes room)."""
+    close = page.locator("button[data-component-id='mlflow.assistant.chat_panel.close']")
+    if close.count():
+        close.first.click()

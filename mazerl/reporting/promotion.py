@@ -107,8 +107,8 @@ class PipelineSummary:
             round(100 * self.baseline, 1),
             round(100 * self.final, 1),
             round(100 * (self.final - self.baseline), 1),
-            float(self.fixed),
             float(self.broken),
+            float(self.fixed),
             float(f"{self.mcnemar_p:.3g}"),
             round(100 * self.budget_ceiling, 1),
         )

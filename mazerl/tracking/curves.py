@@ -156,7 +156,7 @@ def plot_learning_curve(
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import PercentFormatter
+    from matplotlib.ticker import MaxNLocator, PercentFormatter
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -192,6 +192,7 @@ def plot_learning_curve(
     axes.set_ylim(-0.04, max(top, 0.2) + 0.04)
     pad = max(0.6, 0.04 * last_step)  # a marker at the last step (the final star) stays inside the frame
     axes.set_xlim(-pad, max(last_step, 1) + pad)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     axes.grid(alpha=0.3)
     axes.set_title(title)
     axes.legend(loc="best", fontsize=8)

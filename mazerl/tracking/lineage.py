@@ -55,9 +55,11 @@ TAG_GIT_COMMIT = "mlflow.source.git.commit"  # the key the MLflow UI shows as "G
 TAG_GIT_DIRTY = "mazerl.git_dirty"
 TAG_PARENT = "mlflow.parentRunId"
 TAG_RUN_ID = "mazerl.run_id"  # the readable run id (the run directory's name), also the parent's name
-# The runs table's sort key (store.RUNS_VIEW_STATE sorts by it, descending): a parent's is its start time,
-# a stage run's its parent's followed by a rank that falls along the pipeline, so pipeline runs read newest
-# first and each one's stages top-down in pipeline order (sorting by start time lists them bottom-up).
+# The runs table's sort key (store.RUNS_VIEW_STATE sorts by it, descending): a parent's is its start time
+# and ".9", a stage run's its parent's start time and a rank that falls along the pipeline (".8" for
+# verify_cluster ... ".4" for final_eval). The table then reads newest pipeline run first, each followed
+# by its stages top-down in pipeline order. (MLflow nests child runs under their parent only when the
+# table is sorted by start time, which lists them bottom-up: newest first.)
 TAG_SORT_KEY = "mazerl.sort_key"
 _TERMINAL = {"FINISHED", "FAILED", "KILLED"}
 _STATUSES = {RunStatus.to_string(status) for status in RunStatus.all_status()}
@@ -155,12 +157,12 @@ def stage_run_id(tracking_uri: str, parent_run_id: str, stage: str) -> str:
 
 
 def parent_sort_key(start_time_ms: int) -> str:
-    return f"{start_time_ms:015d}"
+    return f"{start_time_ms:015d}.9"
 
 
 def stage_sort_key(parent: Any, stage: str) -> str:
-    """``<parent's key>.<9 - stage index>``: under a descending sort, the first stage comes first."""
-    return f"{parent_sort_key(parent.info.start_time)}.{9 - STAGES.index(stage)}"
+    """``<parent's start>.<8 - stage index>``: under a descending sort, after the parent, the first stage first."""
+    return f"{parent.info.start_time:015d}.{8 - STAGES.index(stage)}"
 
 
 def _tag_value(value: object) -> str:
