@@ -18,16 +18,18 @@ PIP_QUIET_WARNINGS ?= ignore:Editable installation
 
 venv: $(STAMP)
 
+# Quiet (no command echoes): a fresh clone's `make run` prints one line for the install, then the run.
 $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; set PYTHON=python3.11 (>= 3.11)"; exit 1; }
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip 2>&1 | grep -v "is ignored" || true
-	# CPU build of torch first (it lies on local disk); the constrained install then keeps it.
-	$(BIN)/pip install --quiet torch==2.13.0 2>&1 | grep -v "is ignored" || true
-	PYTHONWARNINGS="$(PIP_QUIET_WARNINGS)" $(BIN)/pip install --quiet -c constraints.txt -e '.[test]' 2>&1 | grep -v "is ignored" || true
-	$(BIN)/python -c "import torch, ray, mlflow, prefect, transformers, peft, skyrl_gym" \
+	@echo "installing the environment into $(VENV) (once; a few minutes)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/pip install --quiet --upgrade pip 2>&1 | grep -v "is ignored" || true
+	@# CPU build of torch first (it lies on local disk); the constrained install then keeps it.
+	@$(BIN)/pip install --quiet torch==2.13.0 2>&1 | grep -v "is ignored" || true
+	@PYTHONWARNINGS="$(PIP_QUIET_WARNINGS)" $(BIN)/pip install --quiet -c constraints.txt -e '.[test]' 2>&1 | grep -v "is ignored" || true
+	@$(BIN)/python -c "import torch, ray, mlflow, prefect, transformers, peft, skyrl_gym" \
 		|| { echo "error: the install in $(VENV) is incomplete; delete $(VENV) and rerun"; exit 1; }
-	touch $(STAMP)
+	@touch $(STAMP)
 
 # Python 3.11 (the CPU torch on disk), the image's pins for torch, ray, peft and transformers, and
 # everything else resolved fresh within pyproject.toml's ranges, as the image build resolves it.
@@ -42,7 +44,7 @@ $(IMAGE_STAMP): pyproject.toml $(IMAGE_CONSTRAINTS)
 	touch $(IMAGE_STAMP)
 
 run: $(STAMP)
-	$(BIN)/mazerl run
+	@$(BIN)/mazerl run
 
 # CI (.ci/run) runs exactly this: the whole suite on the locked stack, then the tests marked
 # `image_stack` on the image's stack. pytest exits 5 when it collects no tests: a failure, not a pass.

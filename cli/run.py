@@ -19,7 +19,9 @@ the fix), 1 a failure during the run (its record is the failed Prefect flow run)
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import re
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -38,6 +40,12 @@ from mazerl.params import PRESETS, PipelineParams, control_character, redacted
 from mazerl.preflight import InputError, check_pipeline_inputs, check_ray_address, check_ray_address_env, fetch
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+# Lines of a run that tell its user nothing at the terminal. Only the terminal drops them: Prefect's
+# log of the run (its database, the UI, `prefect flow-run logs`) and the Ray jobs' logs keep every line.
+TERMINAL_NOISE = (
+    re.compile(r"^Finished in state Completed\(\)$"),  # one per task run; the stage lines say where the run is
+)
+QUIET_LOGGERS = ("mlflow.store.db.utils", "alembic.runtime.migration")  # a new store's table creation, at INFO
 JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 
 
@@ -60,6 +68,26 @@ def configure_prefect(root: Path) -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     if not os.environ.get("PREFECT_API_URL"):  # the temporary server Prefect starts: a killed run's is stopped later
         prefect_server.claim_temporary_server()
+    # MLflow's download bars ("Downloading artifacts: 100%|...") when a table artifact is appended to
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
+class TerminalNoise(logging.Filter):
+    """Drops :data:`TERMINAL_NOISE` from the terminal's log handler."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(pattern.search(message) for pattern in TERMINAL_NOISE)
+
+
+def quiet_terminal() -> None:
+    """Filter the terminal's Prefect handler (never the one that sends logs to Prefect's API) and hush
+    the loggers of :data:`QUIET_LOGGERS`; call after Prefect is imported (it sets up its logging then)."""
+    for handler in logging.getLogger().handlers:
+        if type(handler).__name__ == "PrefectConsoleHandler":
+            handler.addFilter(TerminalNoise())
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def add_run_command(subparsers: argparse._SubParsersAction) -> None:
@@ -220,6 +248,7 @@ def run_command(args: argparse.Namespace) -> int:
 
         from flows.pipeline import pipeline
 
+        quiet_terminal()
         try:
             state = run_or_resume(pipeline, params, fresh=args.fresh, ray_address=params.ray_address or head.address)
             summary = state.result()

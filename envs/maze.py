@@ -369,3 +369,33 @@ class MazeEnv:
             "feedback": feedback,
             "parse_ok": parse_ok,
         }
+
+
+@dataclass(frozen=True)
+class Replay:
+    """An episode played again from its recorded replies: its frames and how it ended."""
+
+    frames: list[np.ndarray]
+    solved: bool
+    moves: int
+
+
+def replay(
+    layout: Layout, replies: list[str], *, max_moves: int, action_format: ActionFormat = "tuple", cell_px: int = 25
+) -> Replay:
+    """Play ``replies`` (an eval's recorded action texts) on ``layout`` again, frame by frame.
+
+    The world is deterministic, so an eval's per-maze row is enough to redraw its episode (for
+    GIFs of mazes a run changed) without the model; ``solved`` and ``moves`` let the caller check
+    that the replay ended as the recorded episode did.
+    """
+    env = MazeEnv(size=layout.size, max_moves=max_moves, action_format=action_format, cell_px=cell_px)
+    frame, _ = env.reset(layout=layout)
+    frames, solved = [frame], False
+    for reply in replies:
+        if env.done:
+            break
+        frame, reward, _, _, _ = env.step(reply)
+        frames.append(frame)
+        solved = reward > 0
+    return Replay(frames=frames, solved=solved, moves=env.moves)

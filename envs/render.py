@@ -146,6 +146,40 @@ def episode_gif_bytes(
     return buffer.getvalue()
 
 
+def comparison_gif_bytes(
+    left: Sequence[np.ndarray],
+    right: Sequence[np.ndarray],
+    left_caption: str,
+    right_caption: str,
+    frame_ms: int = 400,
+    min_px: int = GIF_MIN_PX,
+    gap_px: int = 12,
+) -> bytes:
+    """Two episodes of the same maze side by side, frame by frame, each with its caption.
+
+    For a maze a run fixed or broke: the base model's episode beside the trained one's. The
+    shorter episode holds its last frame until the longer one ends.
+    """
+    if not left or not right:
+        raise ValueError("comparison_gif_bytes needs at least one frame on each side")
+    scale = max(1, -(-min_px // np.asarray(left[0]).shape[1]))
+    count = max(len(left), len(right))
+    images = []
+    for index in range(count):
+        a = _gif_frame(left[min(index, len(left) - 1)], scale, left_caption)
+        b = _gif_frame(right[min(index, len(right) - 1)], scale, right_caption)
+        pair = Image.new("RGB", (a.width + gap_px + b.width, max(a.height, b.height)), WALL_RGB)
+        pair.paste(a, (0, 0))
+        pair.paste(b, (a.width + gap_px, 0))
+        images.append(pair)
+    durations = [frame_ms] * (len(images) - 1) + [frame_ms * 3]
+    buffer = io.BytesIO()
+    images[0].save(
+        buffer, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0, optimize=False
+    )
+    return buffer.getvalue()
+
+
 def episode_gif(
     frames: Sequence[np.ndarray],
     path: str | os.PathLike,

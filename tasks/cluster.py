@@ -13,6 +13,7 @@ from mazerl.params import PipelineParams
 from mazerl.tracking.lineage import stage_run
 from mazerl.tracking.store import client_for
 from tasks.context import RunContext
+from tasks.stages import timed_stage
 
 
 @task(name="verify_cluster", retries=1, retry_delay_seconds=10)
@@ -21,7 +22,7 @@ def verify_cluster(context: RunContext, params: PipelineParams) -> dict:
     logger = get_run_logger()
     config = context.training()
     run_id = context.stage_run_id("verify_cluster")
-    with stage_run(context.tracking_uri, run_id):
+    with timed_stage(context, "verify_cluster"), stage_run(context.tracking_uri, run_id):
         report = check_readiness(
             context.ray_address,
             data_root=str(context.root),

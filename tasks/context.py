@@ -6,10 +6,11 @@ looked up where it is needed (:func:`mazerl.cluster.client.ray_headers`), never 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mazerl.cluster.client import ray_headers  # noqa: F401 (tests/test_bad_inputs.py imports it from here)
+from mazerl.run_clock import RunClock
 from mazerl.tracking import lineage
 from mazerl.training.config import TrainConfig
 
@@ -32,6 +33,8 @@ class RunContext:
     train_config: TrainConfig | None = None
     # what a gracefully stopped flow process does with its stage's Ray job (PipelineParams.ray_jobs_on_stop)
     jobs_on_stop: str = "auto"
+    started_at: float = 0.0  # when the run's first stage started (epoch seconds), for the stage lines' elapsed time
+    stage_keys: dict[str, str] = field(default_factory=dict)  # what decides each stage's duration (run_clock.work_keys)
 
     @property
     def run_dir(self) -> Path:
@@ -42,6 +45,11 @@ class RunContext:
         if self.train_config is None:
             raise ValueError(f"run {self.run_id} has no training config: it is an eval-only run")
         return self.train_config
+
+    def clock(self) -> RunClock:
+        """This run's stage times and time left (``mazerl.run_clock``)."""
+        steps = self.train_config.steps if self.train_config is not None else 0
+        return RunClock(self.root, self.run_id, self.stage_keys, steps, self.started_at)
 
     def stage_run_id(self, stage: str) -> str:
         """The MLflow run of ``stage``: a known one, else the parent's child run, created now if the

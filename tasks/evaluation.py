@@ -24,6 +24,7 @@ from mazerl.reporting.eval_runs import record_eval
 from mazerl.tracking.lineage import stage_run
 from tasks.context import RunContext
 from tasks.jobs import run_stage_job, write_request
+from tasks.stages import timed_stage
 
 
 @dataclass(frozen=True)
@@ -94,8 +95,16 @@ def _evaluate(run: RunContext, stage: str, model_dir: Path, settings: EvalSettin
     }
     request_path = write_request(out_dir / "request.json", request)
     # The stage's MLflow run starts with the eval job; record_eval ends it once the report is logged.
+    clock = run.clock()
     with stage_run(run.tracking_uri, run.stage_run_id(f"{stage}_eval"), finish=False):
-        run_stage_job(run, stage, "mazerl.evaluation.job_entry", request_path)
+        run_stage_job(
+            run,
+            stage,
+            "mazerl.evaluation.job_entry",
+            request_path,
+            # "eval: 37/256 mazes, ..., 01:10 left" gets the run's total time left
+            rewrite=(lambda line: clock.with_total_left(line, f"{stage}_eval")) if run.stage_keys else None,
+        )
     return EvalReport.from_summary(out_dir / SUMMARY_FILE)
 
 
@@ -114,18 +123,22 @@ def evaluate_baseline(run: RunContext, settings: EvalSettings) -> EvalReport:
 @task(name="baseline_eval", retries=1, retry_delay_seconds=5)
 def baseline_eval(run: RunContext, settings: EvalSettings) -> EvalReport:
     """The base model's eval (a cached report when there is one), logged into this run's stage run."""
-    report = evaluate_baseline(run, settings)
-    if not report.summary_path.is_file():  # the cached report's run directory was deleted: evaluate anew
-        report = evaluate_baseline.with_options(refresh_cache=True)(run, settings)
-    _record(run, "baseline_eval", report)
+    with timed_stage(run, "baseline_eval") as timer:
+        report = evaluate_baseline(run, settings)
+        if not report.summary_path.is_file():  # the cached report's run directory was deleted: evaluate anew
+            report = evaluate_baseline.with_options(refresh_cache=True)(run, settings)
+        timer.same_work = str(report.out_dir).startswith(str(run.run_dir))  # not a cached report
+        _record(run, "baseline_eval", report)
     return report
 
 
 @task(name="final_eval", retries=1, retry_delay_seconds=10, persist_result=True)
-def final_eval(run: RunContext, merged_model: Path, settings: EvalSettings) -> EvalReport:
-    """Greedy eval of the merged model, with the baseline's settings, logged into its stage run."""
-    report = _evaluate(run, "final", merged_model, settings)
-    _record(run, "final_eval", report)
+def final_eval(run: RunContext, merged_model: Path, settings: EvalSettings, model_id: str | None = None) -> EvalReport:
+    """Greedy eval of the merged model, with the baseline's settings, logged into its stage run
+    (and, with ``model_id``, as the metrics of the merged model's MLflow logged model)."""
+    with timed_stage(run, "final_eval"):
+        report = _evaluate(run, "final", merged_model, settings)
+        _record(run, "final_eval", report, model_id=model_id)
     return report
 
 
@@ -135,11 +148,16 @@ def eval_only(run: RunContext, model_dir: Path, settings: EvalSettings) -> dict[
     return _record(run, "final_eval", _evaluate(run, "final", model_dir, settings))
 
 
-def _record(run: RunContext, stage: str, report: EvalReport) -> dict[str, float]:
+def _record(run: RunContext, stage: str, report: EvalReport, model_id: str | None = None) -> dict[str, float]:
     """The report into MLflow, its per-maze table and headline into Prefect."""
     logger = get_run_logger()
     metrics, rows = record_eval(
-        run.tracking_uri, run.stage_run_id(stage), report, run.run_dir, log=lambda line: logger.info(f"{stage}: {line}")
+        run.tracking_uri,
+        run.stage_run_id(stage),
+        report,
+        run.run_dir,
+        log=lambda line: logger.info(f"{stage}: {line}"),
+        model_id=model_id,
     )
     columns = ("index", "seed", "solved", "moves", "optimal_moves", "parse_failures")
     create_table_artifact(

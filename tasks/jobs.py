@@ -37,17 +37,20 @@ def run_stage_job(
     hang_timeout_s: float | None = None,
     progress_probe: Callable[[], object] | None = None,
     on_line: Callable[[str], None] | None = None,
+    rewrite: Callable[[str], str] | None = None,
     **job_options: Any,
 ) -> JobOutcome:
     """Submit (or re-attach to) ``python -m module --config config_path`` and follow it to its end.
 
-    ``job_options``: the rest of :class:`~mazerl.cluster.submitter.RayJob`'s options, e.g.
-    ``entrypoint_memory`` to start the job on a node with that much memory.
+    ``rewrite`` turns a job line into the line logged (e.g. the train stage adds the total time
+    left to each step line); ``on_line`` sees the job's own line. ``job_options``: the rest of
+    :class:`~mazerl.cluster.submitter.RayJob`'s options, e.g. ``entrypoint_memory`` to start the
+    job on a node with that much memory.
     """
     logger = get_run_logger()
 
     def log(line: str) -> None:
-        logger.info(line)
+        logger.info(rewrite(line) if rewrite is not None else line)
         if on_line is not None:
             on_line(line)
 
@@ -65,11 +68,7 @@ def run_stage_job(
         log_offsets_dir=context.run_dir / "job_logs",  # a retry of this flow run continues the log
         keep_running_on=keep_job_when_stopped(context.jobs_on_stop),
         **job_options,
-    ) as job:
-        logger.info(
-            f"{stage}: Ray job {job.submission_id} at {context.ray_address}"
-            + (" (re-attached)" if job.reattached else "")
-        )
+    ) as job:  # the submitter has said which job it submitted or re-attached to
         return job.wait()
 
 

@@ -21,6 +21,7 @@ from mazerl.tracking.lineage import stage_run
 from mazerl.tracking.mlflow_model import log_merged_model
 from tasks.context import RunContext
 from tasks.jobs import retry_on_infrastructure, run_stage_job, write_request
+from tasks.stages import timed_stage
 from tasks.training import TrainOutcome
 
 
@@ -31,6 +32,7 @@ class MergedModel:
     checkpoint_step: int
     summary: str
     adapter_sha256: str = ""  # the merged adapter's digest: one registered version per trained adapter
+    model_id: str | None = None  # the MLflow 3 logged model of the merged weights
 
 
 @task(
@@ -57,11 +59,16 @@ def merge_lora(run: RunContext, trained: TrainOutcome, params: PipelineParams) -
         },
     )
     need = merge_memory(weights_bytes(run.base_model))
-    logger.info(f"merge_lora: a Ray job asking for {need.describe()}")
-    with stage_run(run.tracking_uri, run_id):
+    with timed_stage(run, "merge_lora"), stage_run(run.tracking_uri, run_id):
+        logger.info(f"merge_lora: a Ray job asking for {need.describe()}")
         run_stage_job(run, "merge_lora", "mazerl.merge.job_entry", request, entrypoint_memory=need.total_bytes)
         report = MergeReport.read(out_dir)  # its summary is in the job's last line ("merge done: ...") above
         logged = log_merged_model(run.tracking_uri, run_id, report.merged_dir, run.run_dir / "mlflow_model")
     return MergedModel(
-        Path(report.merged_dir), logged.source, report.checkpoint_step or 0, report.summary(), report.adapter_sha256
+        Path(report.merged_dir),
+        logged.source,
+        report.checkpoint_step or 0,
+        report.summary(),
+        report.adapter_sha256,
+        logged.model_id,
     )

@@ -18,6 +18,7 @@ from mazerl.tracking.lineage import fails_run
 from mazerl.tracking.registry import TrainedAdapter
 from tasks.context import RunContext
 from tasks.merge import MergedModel
+from tasks.stages import timed_stage
 from tasks.training import TrainOutcome
 
 
@@ -31,7 +32,8 @@ def promote(
     trained: TrainOutcome,
 ) -> PipelineSummary:
     """Register and maybe promote; then the curve, the headline metrics and the summary on the parent run."""
-    with fails_run(run.tracking_uri, run.pipeline_run_id):  # the parent's duration ends here too
+    # the parent's duration ends here too
+    with timed_stage(run, "promote"), fails_run(run.tracking_uri, run.pipeline_run_id):
         summary = conclude_pipeline_run(
             PipelineRun(
                 run_id=run.run_id,
@@ -41,6 +43,8 @@ def promote(
                 train_run_id=run.stage_run_id("train"),
                 merge_run_id=run.stage_run_id("merge_lora"),
                 cluster_is_embedded=params.ray_address is None,
+                baseline_run_id=run.stage_run_id("baseline_eval"),
+                final_run_id=run.stage_run_id("final_eval"),
             ),
             registered_model=params.registered_model,
             merged_source=merged.source,
@@ -49,6 +53,9 @@ def promote(
             final=final,
             metrics_jsonl=trained.metrics_jsonl if trained.metrics_jsonl.is_file() else None,
             greedy_on=greedy_eval_mazes(run.training()),
+            greedy_mazes=run.training().eval_mazes,
+            checkpoint_step=merged.checkpoint_step or trained.final_step,
+            model_id=merged.model_id,
             log=get_run_logger().info,
             adapter=trained_adapter(trained, merged),
         )

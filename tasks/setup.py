@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +20,14 @@ from mazerl.params import EvalParams, PipelineParams
 from mazerl.paths import run_id_for
 from mazerl.preflight import InputError, check_pipeline_inputs, check_tracking_uri
 from mazerl.reporting.eval_runs import start_eval_run
+from mazerl.run_clock import RunClock, work_keys
 from mazerl.starter.build import ensure_starter
 from mazerl.tracking.lineage import start_pipeline_run
 from mazerl.tracking.registry import model_version_dir
 from mazerl.training.config import TrainConfig
 from mazerl.training.recipes import PIPELINE_SET_TRAINING_FIELDS
 from tasks.context import RunContext
+from tasks.evaluation import EvalSettings
 
 
 def retry_unless_bad_input(task, task_run, state) -> bool:
@@ -41,6 +45,7 @@ def retry_unless_bad_input(task, task_run, state) -> bool:
 def prepare(params: PipelineParams) -> RunContext:
     """Build (or reuse) the starter if no base model is given, find or start Ray, open the MLflow runs."""
     logger = get_run_logger()
+    started = time.time()
     flow_id = str(flow_run.id or "local")
     run_id = run_id_for(str(flow_run.name or "run"), flow_id)
     check_pipeline_inputs(params, run_id)  # before anything is built, started or written
@@ -50,9 +55,16 @@ def prepare(params: PipelineParams) -> RunContext:
         base_model = ensure_starter(root, log=logger.info)
     else:
         base_model = Path(params.base_model).expanduser().resolve()
-    address = cluster_address(params.ray_address, logger.info)
     # the run's training config, resolved once: every stage that needs it gets it from the context
     config = params.train_config(run_id, base_model)
+    keys = work_keys(
+        eval_settings=asdict(EvalSettings.of(params, params.resolved_eval_set())),
+        training=config.model_dump(mode="json"),
+        base_model=base_model,
+    )
+    clock = RunClock(root, run_id, keys, config.steps, started)
+    logger.info(clock.stage_line("prepare"))
+    address = cluster_address(params.ray_address, logger.info)
     runs = start_pipeline_run(
         params.resolved_tracking_uri(),
         params.experiment,
@@ -66,7 +78,7 @@ def prepare(params: PipelineParams) -> RunContext:
         f"run {run_id}: MLflow parent run {runs.parent_run_id} in {params.experiment} "
         f"({'re-attached' if runs.reattached else 'new'}); data under {root / 'runs' / run_id}"
     )
-    return RunContext(
+    context = RunContext(
         run_id=run_id,
         flow_run_id=flow_id,
         root=root,
@@ -78,7 +90,11 @@ def prepare(params: PipelineParams) -> RunContext:
         pipeline_run_id=runs.parent_run_id,
         train_config=config,
         jobs_on_stop=params.ray_jobs_on_stop,
+        started_at=started,
+        stage_keys=keys,
     )
+    clock.record("prepare", time.time() - started)
+    return context
 
 
 def cluster_address(ray_address: str | None, log: Callable[[str], None]) -> str:

@@ -9,15 +9,18 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from mazerl.cluster.submitter import META_IDENTITY_PREFIX
+from mazerl.evaluation.evaluate import EvalReport
 from mazerl.params import PipelineParams
+from mazerl.reporting.eval_runs import log_baseline_as_step_zero
 from mazerl.tracking.artifacts import log_config_file
 from mazerl.tracking.lineage import stage_run
 from mazerl.tracking.params import log_params
 from mazerl.training import checkpoints
 from mazerl.training.config import save_config
-from mazerl.training.progress import TrainingProgress
+from mazerl.training.progress import TrainingProgress, annotate_step_line
 from tasks.context import RunContext
 from tasks.jobs import retry_on_infrastructure, run_stage_job
+from tasks.stages import timed_stage
 
 ENTRYPOINTS = {"local": "mazerl.training.local_entry", "skyrl": "mazerl.training.skyrl_entry"}
 
@@ -31,6 +34,7 @@ class TrainOutcome:
     steps: int
     metrics_jsonl: Path
     submission_id: str
+    resumed_from: int = 0  # the step this attempt's job started after (0: from the start)
 
 
 @task(
@@ -40,8 +44,18 @@ class TrainOutcome:
     retry_condition_fn=retry_on_infrastructure,
     persist_result=True,
 )
-def train(run: RunContext, params: PipelineParams) -> TrainOutcome:
-    """Submit the backend's entrypoint; a retry resubmits and the job resumes from the marker's step."""
+def train(run: RunContext, params: PipelineParams, baseline: EvalReport | None = None) -> TrainOutcome:
+    """Submit the backend's entrypoint; a retry resubmits and the job resumes from the marker's step.
+
+    With the ``baseline`` report, the train run's greedy eval chart starts at step 0 with it, and
+    each periodic eval's step line shows it alongside."""
+    with timed_stage(run, "train") as timer:
+        outcome = _train(run, params, baseline)
+        timer.same_work = outcome.resumed_from == 0  # a resumed attempt ran only part of the steps
+    return outcome
+
+
+def _train(run: RunContext, params: PipelineParams, baseline: EvalReport | None) -> TrainOutcome:
     logger = get_run_logger()
     run_id = run.stage_run_id("train")
     config = run.training()
@@ -59,9 +73,14 @@ def train(run: RunContext, params: PipelineParams) -> TrainOutcome:
             shown["fraction"] = fraction
             update_progress_artifact(progress_id, 100.0 * fraction)
 
+    resumed = checkpoints.latest(config.checkpoint_dir)
+    clock = run.clock()
+    greedy_baseline = None
     with stage_run(run.tracking_uri, run_id):
         log_params(run.tracking_uri, run_id, config)
         log_config_file(run.tracking_uri, run_id, config_path)
+        if baseline is not None and config.eval_interval:
+            greedy_baseline = log_baseline_as_step_zero(run.tracking_uri, run_id, baseline, config.eval_mazes)
         outcome = run_stage_job(
             run,
             "train",
@@ -71,6 +90,11 @@ def train(run: RunContext, params: PipelineParams) -> TrainOutcome:
             hang_timeout_s=params.hang_timeout_s,
             progress_probe=progress,
             on_line=on_line,
+            rewrite=lambda line: annotate_step_line(
+                line,
+                baseline=greedy_baseline,
+                total_left=(lambda left: clock.left_text("train", left)) if run.stage_keys else None,
+            ),
             identity=config.identity(),
             entrypoint_num_gpus=params.local_train_gpus or None,
         )
@@ -93,4 +117,5 @@ def train(run: RunContext, params: PipelineParams) -> TrainOutcome:
         steps=config.steps,
         metrics_jsonl=config.run_dir / "metrics.jsonl",
         submission_id=outcome.submission_id,
+        resumed_from=resumed.step if resumed else 0,
     )

@@ -126,3 +126,23 @@ def test_a_missing_model_is_refused(tmp_path):
 
     with pytest.raises(ModelLoadError, match="not a directory"):
         evaluate(tmp_path / "missing", eval_set="maze256-small-v1", out_dir=tmp_path / "out")
+
+
+def test_a_worker_reports_each_maze_as_its_episode_ends_not_each_chunk():
+    from mazerl.evaluation.workers import EvalJob, EvalWorker
+    from mazerl.starter.shipped import shipped_starter
+
+    class Counter:  # what the eval's driver reads; the Ray actor's ``add.remote`` in-process
+        def __init__(self):
+            self.adds = []
+            self.add = type("Remote", (), {"remote": staticmethod(self.adds.append)})
+
+    # Given a worker playing one chunk of 8 mazes greedily with the shipped starter (it solves some, early),
+    job = EvalJob(str(shipped_starter()), None, "hf", "maze256-small-v1", 1, "feedback", "tuple", 12, 1, "cpu", 0)
+    counter = Counter()
+    result = EvalWorker(job).run(list(range(8)), counter)
+    # then its counter heard of the mazes as they ended: one report per episode length, adding up to the chunk.
+    lengths = sorted({row["moves"] for row in result.rows})
+    ended = [sum(row["moves"] == n for row in result.rows) for n in lengths]
+    assert counter.adds == ended, f"episodes of {lengths} moves; reports {counter.adds}"
+    assert len(counter.adds) > 1, "some episodes end before others: more than one report per chunk"

@@ -29,6 +29,7 @@ BASE = {
     "mazerl.eval_files",
     "mazerl.paths",
     "mazerl.progress",
+    "mazerl.run_clock",
     "mazerl.atomic",
     "mazerl.process_lock",
     "mazerl.fingerprint",

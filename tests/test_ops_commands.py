@@ -109,9 +109,32 @@ def test_mazerl_ui_serves_the_embedded_store_and_prints_the_runs_table_link(mlfl
             except OSError:
                 assert time.time() < deadline, "mazerl ui did not answer within 180 s"
                 time.sleep(1)
+        # sized for a laptop: one server process (no worker processes, no background job runners)
+        processes = [ui.pid] + [child.pid for child in psutil.Process(ui.pid).children(recursive=True)]
+        assert len(processes) <= 2, [psutil.Process(pid).cmdline()[:4] for pid in processes]
     finally:
         os.killpg(ui.pid, signal.SIGTERM)
         ui.wait(timeout=60)
+    # and no line per HTTP request.
+    assert "GET /health" not in ui.stdout.read()
+
+
+def test_mazerl_ui_refuses_a_port_in_use_and_takes_a_free_one_when_none_was_asked_for(mlflow_root, monkeypatch):
+    from mazerl.tracking import ui_cli
+
+    with socket.socket() as busy:  # another program on the port
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        # when the user asks for that port, the UI refuses before starting, naming it and the fix,
+        result = mazerl("ui", "--data-root", str(mlflow_root), "--port", str(port), env=dict(os.environ))
+        assert result.returncode == 2, result
+        assert f"port {port} on 127.0.0.1 is already in use" in result.stderr and "--port" in result.stderr
+        # and when the default port is the one taken, it takes a free port and says which.
+        monkeypatch.setattr(ui_cli, "DEFAULT_PORT", port)
+        chosen, note = ui_cli.choose_port("127.0.0.1", None)
+        assert chosen != port and ui_cli.port_is_free("127.0.0.1", chosen)
+        assert f"port {port} is in use, so this UI listens on port {chosen}" in note
 
 
 def test_mazerl_ui_without_a_store_says_where_it_looked(tmp_path):

@@ -10,12 +10,14 @@ import shutil
 import signal
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
 from mazerl.params import PipelineParams
+from mazerl.run_clock import STAGES as STAGE_ORDER
 from mazerl.tracking.lineage import STAGES
 from mazerl.training import checkpoints
 from mazerl.training.config import load_config
@@ -60,9 +62,12 @@ def full_run(prefect_api, local_ray_head, starter_model_dir, _mlflow_template_db
     root = tmp_path_factory.mktemp("full-run") / "mazerl-home"
     root.mkdir()
     shutil.copy(_mlflow_template_db, root / "mlflow.db")
+    # a periodic greedy eval at step 2 on the 4 mazes the evals play: the learning curve has a point past
+    # the baseline's step-0 point
+    training = MINIATURE_TRAINING | {"eval_interval": 2, "eval_mazes": 4}
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RAY_AUTH_TOKEN_PATH", str(local_ray_head.token_path))
-        summary = pipeline(mini_params(root, starter_model_dir, local_ray_head.address))
+        summary = pipeline(mini_params(root, starter_model_dir, local_ray_head.address, training=training))
     return root, summary
 
 
@@ -104,8 +109,22 @@ def test_full_flow_leaves_runs_metrics_artifacts_registry_and_prefect_artifacts(
         files = {a.path for a in client.list_artifacts(runs[stage].info.run_id, "eval")}
         assert {"eval/results.json", "eval/summary.json"} <= files
     assert any(a.path == "config" for a in client.list_artifacts(runs["train"].info.run_id))
-    assert {a.path for a in client.list_artifacts(runs["merge_lora"].info.run_id)} >= {"merged_model"}
     assert any(a.path == "learning_curve" for a in client.list_artifacts(summary.mlflow_run_id))
+    # the parent's description tells the story, and the per-maze table is beside it
+    note = parent.data.tags["mlflow.note.content"]
+    assert f"baseline {summary.baseline:.1%} -> final {summary.final:.1%}" in note and summary.decision in note
+    assert "learning_curve/learning_curve.png" in note and "The model is the last checkpoint's (step 2)" in note
+    assert {a.path for a in client.list_artifacts(summary.mlflow_run_id, "per_maze")} >= {"per_maze/comparison.json"}
+    # the baseline is the train run's step-0 greedy eval point, on the mazes the periodic evals play
+    greedy = {m.step: m.value for m in client.get_metric_history(runs["train"].info.run_id, "eval/success_rate")}
+    assert set(greedy) == {0, 2} and greedy[0] == summary.baseline, greedy
+    assert (summary.peak_step, summary.peak_success) == (2, greedy[2])
+    # the eval runs say what they evaluated as params; settings are no metrics
+    final_run = runs["final_eval"].data
+    assert final_run.params["eval.model_dir"] == str(mlflow_root / "runs" / summary.run_id / "merged")
+    assert len(final_run.params["eval.model_digest"]) == 64 and final_run.params["eval.set"] == "maze256-small-v1"
+    assert final_run.params["eval.engine"] == "hf" and final_run.params["eval.workers"] == "1"
+    assert not {"eval/workers", "eval/max_moves"} & set(final_run.metrics)
     # the merge ran as a Ray job that asked Ray for the memory of a whole model copy, not in this process
     from ray.job_submission import JobSubmissionClient
 
@@ -119,8 +138,17 @@ def test_full_flow_leaves_runs_metrics_artifacts_registry_and_prefect_artifacts(
     ]
     assert [str(j.status) for j in merges] == ["SUCCEEDED"], merges
     assert int(merges[0].metadata["mazerl_entrypoint_memory"]) >= 2 * 1024**3, "a whole model copy's memory"
-    versions = client.search_model_versions("name = 'maze-vlm'")
-    assert [v.run_id for v in versions] == [runs["merge_lora"].info.run_id]
+    # the registered version belongs to the pipeline run, comes from the merged model's MLflow 3 logged
+    # model, and that model holds the final eval's metrics
+    [version] = client.search_model_versions("name = 'maze-vlm'")
+    assert version.run_id == summary.mlflow_run_id and version.tags["mazerl.run_id"] == summary.run_id
+    assert version.tags["mazerl.merge_run_id"] == runs["merge_lora"].info.run_id
+    assert f"[{summary.run_id}](#/experiments/" in version.description and summary.decision in version.description
+    model = client.get_logged_model(version.tags["mazerl.logged_model_id"])
+    assert model.source_run_id == runs["merge_lora"].info.run_id and model.status == "READY"
+    assert version.source == model.artifact_location
+    assert {m.key: m.value for m in model.metrics}["eval/success_rate"] == summary.final
+    assert (Path(model.artifact_location.removeprefix("file://")) / "MLmodel").is_file()
     assert checkpoints.read_marker(mlflow_root / "runs" / summary.run_id / "checkpoints") == 2
     # the training config prepare resolved once is the one the job trained with (and the one logged)
     resolved = load_config(mlflow_root / "runs" / summary.run_id / "train_config.json")
@@ -170,7 +198,12 @@ def test_the_runs_prefect_log_is_free_of_known_noise(full_run):
     merge_summary = MergeReport.read(root / "runs" / summary.run_id / "merged").summary()
     assert sum(merge_summary in m for m in messages) == 1, [m for m in messages if "merge" in m]
     steps = [m for m in messages if m.startswith("step ") and "/2:" in m]
-    assert len(steps) == 2 and all(m.endswith(" left") for m in steps), steps
+    assert len(steps) == 2 and all(" left; " in m and "in total" in m for m in steps), steps
+    assert "greedy eval" in steps[1] and "(baseline " in steps[1], "the periodic eval beside the baseline"
+    # and one stage line per stage, in order, each with the run's time so far and left.
+    stages = [m for m in messages if m.startswith("stage ") and "/7 " in m]
+    assert [m.split(":")[0] for m in stages] == [f"stage {k}/7 {name}" for k, name in enumerate(STAGE_ORDER, 1)]
+    assert all(" elapsed, " in m for m in stages), stages
 
 
 def test_a_fresh_run_reports_no_crash_and_no_task_run_ever_crashed(full_run):

@@ -1,10 +1,15 @@
 """Registry promotion on a real SQLite store: the champion alias moves only when it should."""
 
+import json
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from PIL import Image
 
+from envs.evalset import load as load_eval_set
+from envs.maze import optimal_moves, solve
+from mazerl.evaluation.evaluate import EvalReport
 from mazerl.tracking import artifacts, lineage, registry, store
 from mazerl.tracking.registry import CHAMPION, RegistryError, promote
 
@@ -42,7 +47,6 @@ def test_first_run_that_beats_its_baseline_becomes_champion(uri, tmp_path):
     assert version.source == source and version.run_id == run_id
     assert version.tags["mazerl.baseline_success"] == "0.200000"
     assert version.tags["mazerl.final_success"] == "0.350000"
-    assert version.tags["mazerl.run_id"] == run_id
 
 
 @pytest.mark.parametrize("final", [0.2, 0.1])
@@ -162,3 +166,91 @@ def test_promotions_of_one_adapter_that_raced_end_on_the_first_version(uri, tmp_
     # then it deletes its own and both end on the first version.
     assert str(kept.version) == "1"
     assert [str(v.version) for v in client.search_model_versions("name = 'maze-vlm'")] == ["1"]
+
+
+def test_a_version_gets_its_description_and_is_listed_on_its_logged_model(uri, tmp_path):
+    # Given a merged model logged as an MLflow 3 logged model of its merge run,
+    client = MlflowClient(uri)
+    runs = lineage.start_pipeline_run(uri)
+    merge_run = runs.run_id("merge_lora")
+    model = client.create_logged_model(runs.experiment_id, name="merged_model-x", source_run_id=merge_run)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    client.log_model_artifacts(model.model_id, str(tmp_path / "m"))
+    # when it is registered under the pipeline run and described,
+    decision = promote(uri, "maze-vlm", model.artifact_location, runs.parent_run_id, 0.2, 0.4, model_id=model.model_id)
+    registry.describe_version(
+        uri, "maze-vlm", decision.version, "baseline 20.0% -> final 40.0%", model_id=model.model_id
+    )
+    registry.describe_version(
+        uri, "maze-vlm", decision.version, "baseline 20.0% -> final 40.0%", model_id=model.model_id
+    )
+    # then the version names the pipeline run as its source run and the logged model as its model,
+    version = client.get_model_version("maze-vlm", decision.version)
+    assert version.run_id == runs.parent_run_id
+    assert version.model_id in (None, model.model_id), "MLflow's SQL registry keeps no model_id (its server does)"
+    assert version.description == "baseline 20.0% -> final 40.0%"
+    # and the logged model lists the version once, however often it was described.
+    listed = json.loads(client.get_logged_model(model.model_id).tags["mlflow.modelVersions"])
+    assert listed == [{"name": "maze-vlm", "version": decision.version}]
+    assert registry.model_version_dir(uri, "maze-vlm", "champion") == model.artifact_location.removeprefix("file://")
+
+
+def fake_eval(tmp_path, name, solved_indices, count=8) -> EvalReport:
+    """An eval directory as the eval stage writes it, played by the solver (solved) or a stop at once (failed)."""
+    eval_set = load_eval_set("maze256-small-v1")
+    out = tmp_path / name
+    out.mkdir()
+    rows = []
+    for index in range(count):
+        layout = eval_set.layouts[index]
+        actions = solve(layout) if index in solved_indices else ["('stop', 'stop')"]
+        rows.append(
+            {
+                "index": index,
+                "seed": int(eval_set.seeds[index]),
+                "solved": index in solved_indices,
+                "moves": len(actions),
+                "optimal_moves": optimal_moves(layout),
+                "actions": actions,
+            }
+        )
+    (out / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    summary = {"settings": {"action_format": "tuple"}, "eval_set": eval_set.name}
+    (out / "summary.json").write_text(json.dumps(summary))
+    solved = len(solved_indices)
+    return EvalReport(
+        out, out / "results.jsonl", out / "summary.json", (), eval_set.name, count, solved, solved / count,
+        (0.0, 1.0), None, None, 0.0, 1.0, 1.0, 1.0, "m", eval_set.digest,
+    )  # fmt: skip
+
+
+def test_the_per_maze_comparison_pairs_the_evals_and_shows_fixed_mazes_baseline_beside_final(uri, tmp_path):
+    from mazerl.reporting.per_maze import FIXED_GIFS, TABLE_FILE, counts, log_per_maze
+
+    # Given a baseline that solved mazes 0-2 and a final eval that solved 1-6 (the solvable ones within budget),
+    eval_set = load_eval_set("maze256-small-v1")
+    fits = [i for i in range(8) if optimal_moves(eval_set.layouts[i]) + 1 <= eval_set.max_moves]
+    assert len(fits) >= 6, "the first mazes of the set fit the budget"
+    baseline = fake_eval(tmp_path, "baseline", set(fits[:3]))
+    final = fake_eval(tmp_path, "final", set(fits[1:6]))
+    run_id = lineage.start_pipeline_run(uri).parent_run_id
+    # when the comparison is logged on the parent run,
+    pairs, gifs = log_per_maze(uri, run_id, baseline, final, tmp_path / "per_maze")
+    # then fixed and broken mazes are counted maze by maze,
+    assert counts(pairs) == {"fixed": 3, "broken": 1, "still failing": 8 - 5 - 1, "both solved": 2}
+    # the MLflow table lists every maze, the changed ones first,
+    (tmp_path / "download").mkdir()
+    table = json.loads(
+        Path(MlflowClient(uri).download_artifacts(run_id, TABLE_FILE, str(tmp_path / "download"))).read_text()
+    )
+    changes = [row[table["columns"].index("change")] for row in table["data"]]
+    assert changes[:4] == ["fixed"] * 3 + ["broken"] and len(changes) == 8
+    # and the GIFs show the fixed mazes and the broken one, both episodes side by side.
+    assert [gif.name for gif in gifs] == [f"maze{i}-fixed.gif" for i in fits[3:6]][:FIXED_GIFS] + [
+        f"maze{fits[0]}-broken.gif"
+    ]
+    with Image.open(gifs[0]) as image:
+        assert image.width > 2 * 336 and image.n_frames > 2, "two scaled-up episodes, frame by frame"
+    logged = {a.path for a in MlflowClient(uri).list_artifacts(run_id, "per_maze/gifs")}
+    assert logged == {f"per_maze/gifs/{gif.name}" for gif in gifs}

@@ -46,10 +46,13 @@ def test_plot_and_table(tmp_path):
         "train/success_rate": [(step, step / 60) for step in range(1, 61)],
         "eval/success_rate": [(20, 0.3), (40, 0.5), (60, 0.6)],
     }
-    png, markdown = curves.plot_learning_curve(history, tmp_path / "with", baseline=0.2, final=0.62)
+    png, markdown = curves.plot_learning_curve(
+        history, tmp_path / "with", baseline=0.2, final=0.62, greedy_baseline=0.2
+    )
     bare, _ = curves.plot_learning_curve(history, tmp_path / "without")
     assert Image.open(png).size == (880, 495)
     assert red_pixels(png) > 50 and red_pixels(bare) == 0, "the final eval should be marked with a red star"
+    assert red_pixels(png) > 0.8 * red_pixels_of_a_whole_star(tmp_path), "the star at the last step is not cut off"
     table = markdown.read_text()
     assert "baseline eval (before training): **0.200**" in table
     assert "final eval (merged model): **0.620** (+0.420)" in table
@@ -58,6 +61,23 @@ def test_plot_and_table(tmp_path):
     assert "| 40 | 0.667 | 0.500 |" in rows and rows[-1] == "| 60 | 1.000 | 0.600 |", (
         "eval steps and the last step stay"
     )
+    assert rows[0] == "| 0 |  | 0.200 |", "the greedy series starts at step 0 with the baseline"
+
+
+def red_pixels_of_a_whole_star(tmp_path):
+    """The red pixels of the final star drawn mid-frame (a curve whose last step is far right of the star)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 4.5), dpi=110)
+    axes.plot([30], [0.62], "*", color="tab:red", ms=16)
+    axes.set_xlim(0, 60)
+    axes.set_ylim(-0.04, 1.04)
+    figure.savefig(tmp_path / "star.png")
+    plt.close(figure)
+    return red_pixels(tmp_path / "star.png")
 
 
 def test_the_curve_says_which_mazes_each_series_was_measured_on(tmp_path, monkeypatch):
@@ -76,7 +96,7 @@ def test_the_curve_says_which_mazes_each_series_was_measured_on(tmp_path, monkey
     )
     legend = [text.get_text() for text in figures[0].axes[0].get_legend().get_texts()]
     assert "greedy eval on the first 64 of the 256 mazes of maze256-small-v1" in legend, legend
-    assert "baseline 0.250 on 256 mazes of maze256-small-v1" in legend, legend
+    assert "baseline 25.0% on 256 mazes of maze256-small-v1" in legend, legend
     table = markdown.read_text()
     assert "greedy eval during training on the first 64 of the 256 mazes of maze256-small-v1" in table
     assert "baseline eval (before training) on 256 mazes of maze256-small-v1: **0.250**" in table

@@ -78,7 +78,12 @@ def test_pipeline_run_is_a_parent_whose_stage_runs_start_with_their_stages(uri, 
     assert experiment.name == "vlm-maze-grpo"
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     view = json.loads(experiment.tags["mlflow.sharedViewState.mazerl"])  # the runs table's columns
-    assert "metrics.`result/final_success`" in view["selectedColumns"]
+    assert "metrics.`final_pct`" in view["selectedColumns"]
+    # and the stage runs sort top-down in pipeline order under a descending sort of their key, after their parent
+    assert view["orderByKey"] == "tags.`mazerl.sort_key`" and view["orderByAsc"] is False
+    keys = [parent.data.tags["mazerl.sort_key"]]
+    keys += [client.get_run(runs.run_id(stage)).data.tags["mazerl.sort_key"] for stage in lineage.STAGES]
+    assert keys == sorted(keys, reverse=True), keys
     assert experiment.artifact_location == (mlflow_root / "mlartifacts").as_uri()
     # and the run id the train task hands its Ray job (MLFLOW_RUN_ID, tasks/training.py) is the train child's
     train = client.get_run(lineage.stage_run_id(uri, runs.parent_run_id, "train"))

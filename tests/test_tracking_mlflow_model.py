@@ -63,8 +63,14 @@ def register(uri, tmp_path, model_dir, max_artifact_mb):
 def test_registered_champion_loads_with_the_transformers_flavour(uri, mlflow_root, tmp_path, starter_model_dir):
     # given a merged model logged below the size limit and promoted to champion
     merged, run_id, logged = register(uri, tmp_path, starter_model_dir, max_artifact_mb=512)
-    artifact = mlflow_root / "mlartifacts" / run_id / "artifacts" / "merged_model"
-    assert logged.uploaded and logged.source == artifact.as_uri()
+    # logged as an MLflow 3 logged model of the merge run, whose files are the registered source
+    client = MlflowClient(uri)
+    model = client.get_logged_model(logged.model_id)
+    artifact = mlflow_root / "mlartifacts" / "models" / logged.model_id / "artifacts"
+    assert logged.uploaded and logged.source == model.artifact_location == artifact.as_uri()
+    assert model.source_run_id == run_id and model.status == "READY"
+    assert model.params["checkpoint_step"] == "3"
+    assert [output.model_id for output in client.get_run(run_id).outputs.model_outputs] == [logged.model_id]
     assert (artifact / "model" / "model.safetensors").is_file(), "the weights are in the artifact"
     # then the registry holds an MLflow model: transformers flavour, signature, input example, no pyfunc
     mlmodel = Model.load(str(artifact))
@@ -93,7 +99,7 @@ def test_registered_champion_loads_with_the_transformers_flavour(uri, mlflow_roo
 def test_a_model_above_the_size_limit_keeps_its_weights_where_they_are(uri, mlflow_root, tmp_path, starter_model_dir):
     # given a merged model logged with max_artifact_mb=0 (every model counts as large)
     merged, run_id, logged = register(uri, tmp_path, starter_model_dir, max_artifact_mb=0)
-    artifact = mlflow_root / "mlartifacts" / run_id / "artifacts" / "merged_model"
+    artifact = mlflow_root / "mlartifacts" / "models" / logged.model_id / "artifacts"
     assert not logged.uploaded
     assert not list(artifact.rglob("*.safetensors")), "no weights are copied into the tracking store"
     assert Model.load(str(artifact)).flavors["transformers"]["local_base_model_path"] == str(merged.resolve())

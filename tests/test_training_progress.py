@@ -19,7 +19,13 @@ import pytest
 from mazerl.cluster.errors import RetryableJobError
 from mazerl.cluster.submitter import RayJob
 from mazerl.training import checkpoints
-from mazerl.training.progress import TrainingProgress, parse_step_line, step_line, tracker_hook
+from mazerl.training.progress import (
+    TrainingProgress,
+    annotate_step_line,
+    parse_step_line,
+    step_line,
+    tracker_hook,
+)
 
 CAPTURED = Path(__file__).parent / "data" / "skyrl_mlflow_job_log.txt"
 
@@ -73,6 +79,30 @@ def test_tracker_hook_reports_finished_steps_only_after_skyrl_logged_them():
 def test_step_line_reads_back_with_and_without_metrics():
     assert parse_step_line(step_line(7, 9, {})) == (7, 9)
     assert step_line(1, 2, {"train/step_seconds": 3.25}) == "step 1/2: (3.2s)"
+
+
+def test_a_periodic_eval_step_line_shows_its_result_beside_the_baseline_and_the_run_time_left():
+    # Given the step line of a step that ran a periodic greedy eval (as the trainer prints it),
+    metrics = {"train/reward_mean": 0.5, "train/success_rate": 0.25, "eval/success_rate": 0.1875}
+    line = step_line(25, 100, metrics, "02:00 elapsed, 06:00 left")
+    assert "greedy eval 18.8%" in line and parse_step_line(line) == (25, 100)
+    # when the train stage annotates it with the baseline and the whole run's time left,
+    seen = []
+
+    def total_left(training_left):
+        seen.append(training_left)
+        return "about 07:30 left in total"
+
+    shown = annotate_step_line(f"(pid=7) {line}", baseline=0.27, total_left=total_left)
+    # then the eval reads next to the baseline, and the training's own time left feeds the total.
+    assert "greedy eval 18.8% (baseline 27.0%)" in shown, shown
+    assert shown.endswith("06:00 left; about 07:30 left in total") and seen == [360.0]
+    # A step without an eval, a "?" time left and any other line are left as they are or get None.
+    assert annotate_step_line(step_line(1, 2, {}, "00:01 elapsed, ? left"), baseline=0.3, total_left=total_left)
+    assert seen[-1] is None
+    assert (
+        annotate_step_line("checkpoint step 3 -> /x", baseline=0.3, total_left=total_left) == "checkpoint step 3 -> /x"
+    )
 
 
 def test_checkpoint_marker_counts_when_the_directory_is_visible(tmp_path):

@@ -31,7 +31,7 @@ from mazerl.atomic import write_bytes, write_json, write_jsonl
 from mazerl.cluster.ray_local import local_ray_head, ray_driver
 from mazerl.eval_files import RESULTS_FILE, SUMMARY_FILE
 from mazerl.evaluation.summary import summarize
-from mazerl.evaluation.workers import EvalJob, EvalWorker
+from mazerl.evaluation.workers import EvalJob, EvalWorker, MazeCounter
 from mazerl.fingerprint import model_fingerprint
 from mazerl.policy.chat import check_context_mode
 from mazerl.policy.loader import ModelLoadError, _check_model_files, check_adapter_dir, check_image_text_to_text
@@ -39,6 +39,7 @@ from mazerl.starter.record import recorded_context_mode
 
 ENGINES = ("hf", "vllm")
 GIF_DIR = "gifs"
+PROGRESS_POLL_S = 2.0  # how often the driver asks the workers' maze counter while chunks run
 
 
 @dataclass(frozen=True)
@@ -147,9 +148,9 @@ def evaluate(
 
     ``history_images``, ``history_text``: None uses the model's recorded setting (the starter's) or "all".
     ``gpus_per_worker``: None gives each worker one GPU for vllm and none for hf.
-    ``progress(done, total)`` is called as chunks of mazes finish. A mode other than the one the
-    model was trained in is allowed (a run that trains in another mode evaluates its starter in
-    that mode too) but said loudly through ``log`` and recorded in the summary.
+    ``progress(done, total)`` is called as mazes finish (polled every :data:`PROGRESS_POLL_S`). A
+    mode other than the one the model was trained in is allowed (a run that trains in another mode
+    evaluates its starter in that mode too) but said loudly through ``log`` and recorded in the summary.
     """
     started = time.perf_counter()
     model_dir = Path(model_dir).expanduser().resolve()
@@ -215,14 +216,13 @@ def _run_on_ray(
     import contextlib
 
     import ray  # heavy: imported when an eval runs, not when the module is (tasks, CLIs)
-    from ray.util import ActorPool
 
     started_here = not ray.is_initialized()
     stack = contextlib.ExitStack()
     if started_here:
         address = ray_address or os.environ.get("RAY_ADDRESS")
         if address is not None:
-            ray.init(address=address, log_to_driver=False)
+            ray.init(address=address, log_to_driver=False, logging_level="WARNING")  # no "Connecting to ..." lines
         else:
             head = stack.enter_context(local_ray_head(num_cpus=max(workers * job.threads, 2)))  # if it starts one
             stack.enter_context(ray_driver(head))
@@ -236,20 +236,39 @@ def _run_on_ray(
     try:
         actor = ray.remote(num_cpus=job.threads, num_gpus=gpus)(EvalWorker)
         actors = [actor.remote(job) for _ in range(workers)]
+        counter = ray.remote(num_cpus=0)(MazeCounter).remote() if progress is not None else None
         # Actors load the policy in their constructor; waiting for it keeps the rollout clock honest.
         placement = ray.get([a.placement.remote() for a in actors])
-        pool = ActorPool(actors)
         total = sum(len(chunk) for chunk in chunks)
         rollout_started = time.perf_counter()
         rows: list[dict[str, Any]] = []
         gifs: dict[int, bytes] = {}
-        if progress is not None:
-            progress(0, total)
-        for result in pool.map_unordered(lambda a, chunk: a.run.remote(chunk), chunks):
-            rows += result.rows
-            gifs |= result.gifs
-            if progress is not None:
-                progress(len(rows), total)
+        shown = -1
+
+        def show(done: int) -> None:
+            nonlocal shown
+            if progress is not None and done > shown:
+                progress(done, total)
+                shown = done
+
+        show(0)
+        # Each worker takes the next chunk when it is free (ActorPool's schedule), while the driver
+        # reads the maze counter between results.
+        waiting, idle, running = list(chunks), list(actors), {}
+        while waiting or running:
+            while waiting and idle:
+                worker = idle.pop()
+                running[worker.run.remote(waiting.pop(0), counter)] = worker
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=PROGRESS_POLL_S)
+            for ref in ready:
+                result = ray.get(ref)
+                idle.append(running.pop(ref))
+                rows += result.rows
+                gifs |= result.gifs
+            if counter is not None and running:
+                show(max(len(rows), min(ray.get(counter.value.remote()), total)))
+            else:
+                show(len(rows))
         return rows, gifs, time.perf_counter() - rollout_started, placement
     finally:
         if started_here:

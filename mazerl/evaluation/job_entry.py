@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import traceback
 
 from envs.evalset import EvalSetError
@@ -20,6 +21,7 @@ from mazerl.policy.loader import ModelLoadError
 from mazerl.progress import ProgressMeter
 
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG_ERROR = 0, 1, 2
+PROGRESS_EVERY_S = 10.0  # progress lines of a long eval: often enough to see it move, rarely enough to read
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,10 +37,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG_ERROR
 
     meters: list[ProgressMeter] = []  # started when the workers have loaded the policy (done 0)
+    last_line = [0.0]
 
     def progress(done: int, total: int) -> None:
+        """A line at the start, at the end, and at most every PROGRESS_EVERY_S in between: counts by the maze."""
         if not meters:
             meters.append(ProgressMeter(total, "maze"))
+        elif done < total and time.monotonic() - last_line[0] < PROGRESS_EVERY_S:
+            return
+        last_line[0] = time.monotonic()
         print(f"eval: {meters[0].text(done)}", flush=True)
 
     try:

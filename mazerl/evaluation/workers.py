@@ -79,8 +79,17 @@ class EvalWorker:
             "device": str(getattr(self.engine, "device", "n/a")),
         }
 
-    def run(self, indices: list[int]) -> ChunkResult:
+    def run(self, indices: list[int], counter: Any = None) -> ChunkResult:
+        """Play the mazes ``indices`` in one batch. ``counter`` (a :class:`MazeCounter` actor) hears of
+        every maze as its episode ends, so progress moves by the maze, not by the chunk."""
         eval_set, job = self.eval_set, self.job
+        reported = [0]
+
+        def report(finished: int) -> None:
+            if counter is not None and finished > reported[0]:
+                counter.add.remote(finished - reported[0])  # fire and forget: progress never waits
+                reported[0] = finished
+
         episodes = run_episodes(
             self.engine,
             self.processor,
@@ -93,7 +102,9 @@ class EvalWorker:
             history_images=job.history_images,
             history_text=job.history_text,
             keep_frames=job.gif_candidates > 0,
+            on_turn=lambda _turn, active: report(len(indices) - active),
         )
+        report(len(indices))
         rows = [result_row(i, eval_set.seeds[i], e) for i, e in zip(indices, episodes, strict=True)]
         gifs: dict[int, bytes] = {}
         for solved in (True, False):
@@ -101,3 +112,16 @@ class EvalWorker:
             for index, episode in chosen[: job.gif_candidates]:
                 gifs[index] = episode_gif_bytes(episode.frames, caption=episode_caption(episode.solved, episode.moves))
         return ChunkResult(rows=rows, gifs=gifs)
+
+
+class MazeCounter:
+    """How many mazes the workers have finished (a Ray actor the eval's driver reads)."""
+
+    def __init__(self) -> None:
+        self.done = 0
+
+    def add(self, count: int) -> None:
+        self.done += count
+
+    def value(self) -> int:
+        return self.done

@@ -7,7 +7,9 @@ eval points (``eval/success_rate`` every ``eval_interval`` steps). A step logged
 step redone after a resume) keeps its last value.
 
 Outputs ``learning_curve.png`` (matplotlib, Agg: no display needed) and
-``learning_curve.md`` (a markdown table), and :func:`log_learning_curve` logs both.
+``learning_curve.md`` (a markdown table), and :func:`log_learning_curve` logs both. The greedy
+line starts at step 0 from the baseline when it is given (the base model is the step-0 policy),
+so a dip below the baseline early in training shows; every point lies inside the frame.
 """
 
 from __future__ import annotations
@@ -75,6 +77,20 @@ def history_from_jsonl(path: str | os.PathLike, keys: Sequence[str] = (SAMPLED_K
     return {key: _series(values) for key, values in points.items()}
 
 
+def greedy_peak(history: Mapping[str, Series]) -> tuple[int, float] | None:
+    """(step, success) of the best periodic greedy eval after step 0 (the earliest of equal ones); None without any."""
+    points = [(step, value) for step, value in history.get(GREEDY_KEY, []) if step > 0]
+    return max(points, key=lambda point: (point[1], -point[0])) if points else None
+
+
+def with_baseline_point(history: Mapping[str, Series], baseline: float | None) -> dict[str, Series]:
+    """The history with ``baseline`` as the greedy series' step-0 point (unless it has one)."""
+    greedy = list(history.get(GREEDY_KEY, []))
+    if baseline is not None and greedy and greedy[0][0] != 0:
+        greedy = [(0, float(baseline)), *greedy]
+    return {**history, GREEDY_KEY: greedy}
+
+
 def _pick_rows(steps: list[int], keep: set[int], limit: int) -> list[int]:
     if len(steps) <= limit:
         return steps
@@ -129,17 +145,22 @@ def plot_learning_curve(
     *,
     greedy_on: str | None = None,
     eval_on: str | None = None,
+    greedy_baseline: float | None = None,
 ) -> tuple[Path, Path]:
     """Write ``learning_curve.png`` and ``learning_curve.md`` into ``out_dir``; returns both paths.
 
-    The legend names the mazes each series was measured on (``greedy_on``, ``eval_on``)."""
+    The legend names the mazes each series was measured on (``greedy_on``, ``eval_on``).
+    ``greedy_baseline`` (the baseline eval's success on the mazes the greedy evals play) starts
+    the greedy line at step 0."""
     import matplotlib  # a second to import: only when a curve is drawn
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator, PercentFormatter
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    history = with_baseline_point(history, greedy_baseline)
     sampled, greedy = list(history.get(SAMPLED_KEY, [])), list(history.get(GREEDY_KEY, []))
     last_step = max([s for s, _ in sampled + greedy], default=0)
     figure, axes = plt.subplots(figsize=(8, 4.5), dpi=110)
@@ -147,15 +168,31 @@ def plot_learning_curve(
         axes.plot(*zip(*sampled, strict=True), color="tab:blue", alpha=0.6, lw=1.2, label="sampled (train rollouts)")
     if greedy:
         axes.plot(*zip(*greedy, strict=True), "o-", color="tab:green", lw=1.8, label=f"greedy eval{_on(greedy_on)}")
+        peak = greedy_peak(history)
+        if peak is not None:
+            axes.annotate(
+                f"peak {peak[1]:.1%} (step {peak[0]})",
+                peak,
+                textcoords="offset points",
+                xytext=(0, 9),
+                ha="center",
+                fontsize=8,
+                color="tab:green",
+            )
     if baseline is not None:
-        axes.axhline(baseline, color="tab:gray", ls="--", lw=1, label=f"baseline {baseline:.3f}{_on(eval_on)}")
+        axes.axhline(baseline, color="tab:gray", ls="--", lw=1, label=f"baseline {baseline:.1%}{_on(eval_on)}")
         axes.plot([0], [baseline], "s", color="tab:gray", ms=8)
     if final is not None:
-        axes.plot([last_step], [final], "*", color="tab:red", ms=16, label=f"final (merged) {final:.3f}{_on(eval_on)}")
+        axes.plot([last_step], [final], "*", color="tab:red", ms=16, label=f"final (merged) {final:.1%}{_on(eval_on)}")
     axes.set_xlabel("training step")
     axes.set_ylabel("success rate")
-    axes.set_ylim(-0.02, 1.02)
-    axes.set_xlim(-0.5, max(last_step, 1) + 0.5)
+    axes.yaxis.set_major_formatter(PercentFormatter(1.0))
+    values = [v for _, v in sampled + greedy] + [v for v in (baseline, final) if v is not None]
+    top = min(1.0, max(values, default=1.0) + 0.12)  # room above the highest point for its marker and label
+    axes.set_ylim(-0.04, max(top, 0.2) + 0.04)
+    pad = max(0.6, 0.04 * last_step)  # a marker at the last step (the final star) stays inside the frame
+    axes.set_xlim(-pad, max(last_step, 1) + pad)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     axes.grid(alpha=0.3)
     axes.set_title(title)
     axes.legend(loc="best", fontsize=8)
@@ -180,6 +217,7 @@ def log_learning_curve(
     final: float | None = None,
     greedy_on: str | None = None,
     eval_on: str | None = None,
+    greedy_baseline: float | None = None,
 ) -> tuple[Path, Path]:
     """Plot from the train run's MLflow history (or ``metrics_jsonl``), write into ``out_dir``, log to ``run_id``.
 
@@ -191,7 +229,9 @@ def log_learning_curve(
         history = history_from_jsonl(metrics_jsonl)
     else:
         history = history_from_mlflow(tracking_uri, train_run_id or run_id)
-    png, markdown = plot_learning_curve(history, out_dir, baseline, final, greedy_on=greedy_on, eval_on=eval_on)
+    png, markdown = plot_learning_curve(
+        history, out_dir, baseline, final, greedy_on=greedy_on, eval_on=eval_on, greedy_baseline=greedy_baseline
+    )
     client = MlflowClient(tracking_uri)
     for path in (png, markdown):
         client.log_artifact(run_id, str(path), "learning_curve")

@@ -22,7 +22,7 @@ from envs import evalset
 from envs.maze import optimal_moves
 from mazerl.eval_files import RESULTS_FILE, SUMMARY_FILE, read_result_rows
 from mazerl.tracking.artifacts import log_text_artifact
-from mazerl.tracking.params import safe_name
+from mazerl.tracking.params import log_params, safe_name
 from mazerl.tracking.store import client_for
 
 TAG_EVAL_SET_SHA256 = "mazerl.eval_set.sha256"
@@ -38,6 +38,9 @@ EVAL_METRICS = {
     "solved": "eval/solved",
 }
 REQUIRED_SUMMARY_KEYS = ("success_rate", "avg_moves", "parse_failure_rate")  # avg_moves may come from the rows
+# Summary keys that are settings, not measurements: params of the eval run (eval_params), never metrics.
+SETTING_KEYS = ("workers", "max_moves", "gpus_per_worker")
+PARAM_PREFIX = "eval"
 
 
 class EvalReportError(ValueError):
@@ -130,6 +133,8 @@ def eval_metrics(
     """
     values: dict[str, float] = {}
     for key, value in summary.items():
+        if key in SETTING_KEYS:
+            continue
         if _number(value):
             values[key] = float(value)
         elif key in ("success_ci95", "success_ci") and isinstance(value, list | tuple) and len(value) == 2:
@@ -144,6 +149,24 @@ def eval_metrics(
             f"the eval summary lacks {', '.join(missing)} (has {sorted(summary)}); rerun the eval stage"
         )
     return {_metric_name(safe_name(key), prefix): value for key, value in values.items()}
+
+
+def eval_params(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """What an eval ran with, for the eval run's params (``eval.model_dir``, ``eval.model_digest``,
+    ``eval.set``, ``eval.set_sha256``, ``eval.engine``, ...): which model on which mazes, and how."""
+    settings = summary.get("settings") if isinstance(summary.get("settings"), Mapping) else {}
+    values = {
+        "model_dir": summary.get("model_dir"),
+        "model_digest": summary.get("model_digest"),
+        "adapter": summary.get("adapter"),
+        "adapter_digest": summary.get("adapter_digest"),
+        "set": summary.get("eval_set"),
+        "set_sha256": summary.get("eval_set_digest"),
+        **{key: value for key, value in settings.items() if key != "max_mazes"},
+        "mazes": summary.get("n"),
+        **{key: summary.get(key) for key in SETTING_KEYS},
+    }
+    return {f"{PARAM_PREFIX}.{key}": value for key, value in values.items() if value is not None}
 
 
 def _table_rows(rows: list[dict[str, Any]]) -> dict[str, list]:
@@ -169,12 +192,15 @@ def log_eval_report(
     step: int = 0,
     prefix: str = "eval",
     log_gifs: bool = True,
+    model_id: str | None = None,
 ) -> dict[str, float]:
     """Log an eval output directory on a run; returns the metrics logged.
 
     Metrics: ``eval/success_rate``, ``eval/avg_moves``, ``eval/parse_failure_rate``,
     ``eval/success_ci95_low``/``_high``, ``eval/budget_ceiling``, ``eval/n_mazes`` (and any
-    other numeric summary field as ``eval/<key>``) at ``step``. Artifacts: the per-maze
+    other numeric summary field as ``eval/<key>``) at ``step``; with ``model_id`` (an MLflow 3
+    logged model: the model evaluated) they are that model's metrics too, on the eval set's
+    dataset. Params: what the eval ran with (:func:`eval_params`). Artifacts: the per-maze
     table ``eval/results.json`` (``log_table``, shown in the MLflow UI's evaluation view),
     ``eval/summary.json`` and ``eval/results.jsonl`` (scrubbed), and the episode GIFs under
     ``eval/gifs/``.
@@ -184,7 +210,16 @@ def log_eval_report(
     metrics = eval_metrics(summary, rows, prefix)
     now_ms = int(time.time() * 1000)
     client = client_for(tracking_uri)
-    client.log_batch(run_id, metrics=[Metric(key, value, now_ms, step) for key, value in metrics.items()])
+    dataset = (
+        {"dataset_name": summary["eval_set"], "dataset_digest": str(summary["eval_set_digest"])[:36]}
+        if model_id and summary.get("eval_set") and summary.get("eval_set_digest")
+        else {}
+    )
+    client.log_batch(
+        run_id,
+        metrics=[Metric(key, value, now_ms, step, model_id=model_id, **dataset) for key, value in metrics.items()],
+    )
+    log_params(tracking_uri, run_id, eval_params(summary))
     if rows:
         client.log_table(run_id, data=_table_rows(rows), artifact_file=f"{prefix}/results.json")
     for name in (SUMMARY_FILE, RESULTS_FILE):

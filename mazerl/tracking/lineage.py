@@ -55,6 +55,12 @@ TAG_GIT_COMMIT = "mlflow.source.git.commit"  # the key the MLflow UI shows as "G
 TAG_GIT_DIRTY = "mazerl.git_dirty"
 TAG_PARENT = "mlflow.parentRunId"
 TAG_RUN_ID = "mazerl.run_id"  # the readable run id (the run directory's name), also the parent's name
+# The runs table's sort key (store.RUNS_VIEW_STATE sorts by it, descending): a parent's is its start time
+# and ".9", a stage run's its parent's start time and a rank that falls along the pipeline (".8" for
+# verify_cluster ... ".4" for final_eval). The table then reads newest pipeline run first, each followed
+# by its stages top-down in pipeline order. (MLflow nests child runs under their parent only when the
+# table is sorted by start time, which lists them bottom-up: newest first.)
+TAG_SORT_KEY = "mazerl.sort_key"
 _TERMINAL = {"FINISHED", "FAILED", "KILLED"}
 _STATUSES = {RunStatus.to_string(status) for status in RunStatus.all_status()}
 
@@ -143,11 +149,20 @@ def stage_run_id(tracking_uri: str, parent_run_id: str, stage: str) -> str:
     existing = _stage_runs(client, parent.info.experiment_id, parent_run_id)
     if stage in existing:
         return existing[stage]
-    tags = {TAG_PARENT: parent_run_id, TAG_ROLE: "stage", TAG_STAGE: stage}
+    tags = {TAG_PARENT: parent_run_id, TAG_ROLE: "stage", TAG_STAGE: stage, TAG_SORT_KEY: stage_sort_key(parent, stage)}
     for key in (TAG_FLOW_RUN_ID, TAG_RUN_ID):
         if key in parent.data.tags:
             tags[key] = parent.data.tags[key]
     return client.create_run(parent.info.experiment_id, run_name=stage, tags=tags).info.run_id
+
+
+def parent_sort_key(start_time_ms: int) -> str:
+    return f"{start_time_ms:015d}.9"
+
+
+def stage_sort_key(parent: Any, stage: str) -> str:
+    """``<parent's start>.<8 - stage index>``: under a descending sort, after the parent, the first stage first."""
+    return f"{parent.info.start_time:015d}.{8 - STAGES.index(stage)}"
 
 
 def _tag_value(value: object) -> str:
@@ -195,7 +210,9 @@ def start_pipeline_run(
         client.update_run(parent_id, status="RUNNING")
         stage_ids = _stage_runs(client, experiment_id, parent_id)
     else:
-        parent_id = client.create_run(experiment_id, run_name=run_name, tags={TAG_ROLE: "pipeline"}).info.run_id
+        created = client.create_run(experiment_id, run_name=run_name, tags={TAG_ROLE: "pipeline"})
+        parent_id = created.info.run_id
+        run_tags[TAG_SORT_KEY] = parent_sort_key(created.info.start_time)
         stage_ids = {}
     client.log_batch(parent_id, tags=[RunTag(key, _tag_value(value)) for key, value in run_tags.items()])
     if params is not None:

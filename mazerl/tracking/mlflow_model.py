@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric
+from mlflow.exceptions import MlflowException
 from mlflow.models import Model, infer_signature
 
 from envs.evalset import load
@@ -45,7 +46,7 @@ from envs.maze import MazeEnv
 from envs.skyrl_env import image_message
 from mazerl.atomic import install_dir, temporary_sibling
 from mazerl.paths import dir_size_mb
-from mazerl.tracking.artifacts import artifact_uri, check_no_secrets
+from mazerl.tracking.artifacts import check_no_secrets
 from mazerl.tracking.store import client_for
 
 FLAVOR = "transformers"
@@ -184,7 +185,10 @@ def weights_dir(model_path: str | os.PathLike) -> Path | None:
 # Logging it on the merge run
 # --------------------------------------------------------------------------------------
 
-MERGED_MODEL_ARTIFACT = "merged_model"  # an MLflow transformers model (mazerl.tracking.mlflow_model)
+MERGED_MODEL_ARTIFACT = "merged_model"  # the logged model's name prefix (older runs: the run artifact's name)
+TAG_LOGGED_MODEL = "mazerl.logged_model_id"  # on the merge run: its merged model's MLflow 3 logged model
+# The merge record's fields that describe the model (the logged model's params); the numbers are metrics.
+MODEL_PARAMS = ("base_model_dir", "base_fingerprint", "adapter_dir", "adapter_sha256", "checkpoint_step", "save_dtype")
 
 
 @dataclass(frozen=True)
@@ -195,6 +199,32 @@ class LoggedModel:
     uploaded: bool  # False: the MLflow model names ``local_path`` for its weights instead of holding them
     local_path: str
     size_mb: float
+    model_id: str | None = None  # the MLflow 3 logged model (the experiment's Models tab)
+
+
+def _logged_model_for(client: Any, run_id: str, name: str, params: dict[str, str]) -> Any:
+    """The merge run's logged model: the one a first attempt created (a retried merge task), else a new one."""
+    from mlflow.entities import LoggedModelStatus
+
+    run = client.get_run(run_id)
+    existing = run.data.tags.get(TAG_LOGGED_MODEL)
+    if existing:
+        try:
+            model = client.get_logged_model(existing)
+        except MlflowException:  # deleted by hand: make a new one
+            model = None
+        if model is not None and model.status != LoggedModelStatus.FAILED:
+            return model
+    model = client.create_logged_model(
+        run.info.experiment_id,
+        name=name,
+        source_run_id=run_id,
+        params=params,
+        model_type=TASK,
+        tags={"mazerl.run_id": run.data.tags.get("mazerl.run_id", ""), "mazerl.flavor": FLAVOR},
+    )
+    client.set_tag(run_id, TAG_LOGGED_MODEL, model.model_id)
+    return model
 
 
 def log_merged_model(
@@ -203,13 +233,20 @@ def log_merged_model(
     merged_dir: str | os.PathLike,
     mlflow_model_dir: str | os.PathLike,
 ) -> LoggedModel:
-    """Upload the MLflow transformers model the merge job wrote (``mlflow_model_dir``) as ``merged_model/``.
+    """Log the MLflow transformers model the merge job wrote (``mlflow_model_dir``) as an MLflow 3
+    logged model of run ``run_id`` (the ``merge_lora`` run): the experiment's *Models* tab lists it,
+    the run shows it as its output, and its files are the logged model's artifacts
+    (``<artifact root>/models/<model id>/artifacts``), the source the registry version points at.
 
     Nothing is loaded here: the merge job saved the model beside the weights
     (:func:`mazerl.tracking.mlflow_model.write_mlflow_model`). A model that only points at its
     weights (above ``max_artifact_mb``) also tags the run with ``mazerl.merged_model_path``.
-    The merge record's proofs are logged as ``merge/*`` metrics.
+    The merge record's proofs are logged as ``merge/*`` metrics, its identity (base model, adapter
+    and their digests, checkpoint step) as the logged model's params. A retried merge task logs
+    into the same logged model.
     """
+    from mlflow.entities import LoggedModelOutput
+
     merged_dir, model_path = Path(merged_dir).resolve(), Path(mlflow_model_dir)
     if not (merged_dir / "config.json").is_file():
         raise FileNotFoundError(f"merged_dir={str(merged_dir)!r} is not a model directory (no config.json)")
@@ -227,12 +264,12 @@ def log_merged_model(
     now_ms = int(time.time() * 1000)
     client.log_batch(run_id, metrics=[Metric(key, value, now_ms, 0) for key, value in numeric.items()])
     uploaded = holds_weights(model_path)
-    client.log_artifacts(run_id, str(model_path), MERGED_MODEL_ARTIFACT)
+    params = {key: str(record[key]) for key in MODEL_PARAMS if record.get(key) is not None}
+    name = f"{MERGED_MODEL_ARTIFACT}-{client.get_run(run_id).data.tags.get('mazerl.run_id', run_id)}"
+    model = _logged_model_for(client, run_id, name, params)
+    client.log_model_artifacts(model.model_id, str(model_path))
+    client.finalize_logged_model(model.model_id, "READY")
+    client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)])
     if not uploaded:
         client.set_tag(run_id, "mazerl.merged_model_path", str(merged_dir))
-    return LoggedModel(
-        artifact_uri(tracking_uri, run_id, MERGED_MODEL_ARTIFACT),
-        uploaded,
-        str(merged_dir),
-        dir_size_mb(merged_dir),
-    )
+    return LoggedModel(model.artifact_location, uploaded, str(merged_dir), dir_size_mb(merged_dir), model.model_id)

@@ -29,6 +29,7 @@ from typing import Any
 import mlflow.artifacts
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
 
 from mazerl.tracking.mlflow_model import weights_dir
 
@@ -36,7 +37,7 @@ DEFAULT_REGISTERED_MODEL = "maze-vlm"
 CHAMPION = "champion"
 TAG_BASELINE = "mazerl.baseline_success"
 TAG_FINAL = "mazerl.final_success"
-TAG_RUN = "mazerl.run_id"
+TAG_RUN = "mazerl.run_id"  # the readable run id, as on the runs (the caller's tags set it)
 TAG_DECISION = "mazerl.promotion"
 TAG_TRAINED_RUN = "mazerl.trained_run"  # the run directory whose checkpoint was merged
 TAG_ADAPTER = "mazerl.adapter_sha256"  # the merged adapter's digest (MergeReport.adapter_sha256)
@@ -200,12 +201,16 @@ def promote(
     threshold: float = 0.0,
     tags: dict[str, str] | None = None,
     adapter: TrainedAdapter | None = None,
+    model_id: str | None = None,
 ) -> PromotionDecision:
     """Register ``model_source`` (the merged model's artifact URI) as a new version and maybe move ``champion``.
 
-    ``run_id`` is the run that logged the merged model (the ``merge_lora`` run); ``tags``
-    adds version tags such as the pipeline, baseline and final eval run ids. With ``adapter``,
-    a version already registered for that trained adapter is reused (one version per adapter).
+    ``run_id`` is the run the version is registered under, its *Source run* in the UI: the
+    pipeline's parent run, whose page then lists the version under *Registered models* and
+    whose description tells the run's story. ``model_id`` links the version to the MLflow 3
+    logged model whose artifacts ``model_source`` holds. ``tags`` adds version tags such as
+    the readable run id and the stage run ids. With ``adapter``, a version already registered
+    for that trained adapter is reused (one version per adapter).
     """
     validate_model_name(registered_model)
     baseline = _check_rate("baseline_success", baseline_success)
@@ -220,16 +225,17 @@ def promote(
     version_tags = {
         TAG_BASELINE: f"{baseline:.6f}",
         TAG_FINAL: f"{final:.6f}",
-        TAG_RUN: run_id,
         **{str(k): str(v) for k, v in (tags or {}).items()},
     }
     if adapter is not None:
-        version = register_adapter_once(client, registered_model, adapter, model_source, run_id, version_tags)
+        version = register_adapter_once(
+            client, registered_model, adapter, model_source, run_id, version_tags, model_id=model_id
+        )
     else:
         version = _existing_version(client, registered_model, model_source, run_id)
         if version is None:
             version = client.create_model_version(
-                registered_model, source=model_source, run_id=run_id, tags=version_tags
+                registered_model, source=model_source, run_id=run_id, tags=version_tags, model_id=model_id
             )
         else:
             for key, value in version_tags.items():
@@ -261,14 +267,34 @@ def register_adapter_once(
     model_source: str,
     run_id: str,
     tags: dict[str, str],
+    model_id: str | None = None,
 ) -> Any:
     """The one version of ``adapter``: the one registered before (its tags kept: the first run that got
     there describes it), else a new one, unless a concurrent promotion of the same adapter won the race."""
     version = version_of_adapter(client, name, adapter)
     if version is not None:
         return version
-    created = client.create_model_version(name, source=model_source, run_id=run_id, tags=tags | adapter.tags())
+    created = client.create_model_version(
+        name, source=model_source, run_id=run_id, tags=tags | adapter.tags(), model_id=model_id
+    )
     return keep_first_version(client, name, adapter, created)
+
+
+def describe_version(
+    tracking_uri: str, registered_model: str, version: str, description: str, *, model_id: str | None = None
+) -> None:
+    """Give a registered version its description (Markdown: the registry page shows it) and, with
+    ``model_id``, list the version on its logged model, as MLflow's tracking server does when it
+    registers one (the SQL store registers without it)."""
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    client.update_model_version(registered_model, version, description=description)
+    if model_id is None:
+        return
+    entry = {"name": registered_model, "version": str(version)}
+    listed = client.get_logged_model(model_id).tags.get(MLFLOW_MODEL_VERSIONS)
+    versions = json.loads(listed) if listed else []
+    if (registered_model, str(version)) not in {(v.get("name"), str(v.get("version"))) for v in versions}:
+        client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps([*versions, entry])})
 
 
 def model_version_dir(

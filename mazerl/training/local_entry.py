@@ -64,7 +64,7 @@ def _connect_to_ray() -> None:
         import ray
 
         if not ray.is_initialized():
-            ray.init(address="auto", log_to_driver=False)
+            ray.init(address="auto", log_to_driver=False, logging_level="WARNING")  # no "Connecting to ..." lines
     except Exception as exc:  # metrics are a nicety: never fail training for them
         log(f"warning: no Ray metrics export ({type(exc).__name__}: {exc})")
 
