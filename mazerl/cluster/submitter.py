@@ -226,6 +226,7 @@ class RayJob:
         poll_s: float = 0.5,
         unreachable_grace_s: float = 20.0,
         entrypoint_num_gpus: float | None = None,
+        entrypoint_num_cpus: float | None = None,
         entrypoint_memory: int | None = None,
         identity: dict[str, str] | None = None,
         log_offsets_dir: str | Path | None = None,
@@ -256,6 +257,7 @@ class RayJob:
         self.poll_s = poll_s
         self.unreachable_grace_s = unreachable_grace_s
         self.entrypoint_num_gpus = entrypoint_num_gpus
+        self.entrypoint_num_cpus = entrypoint_num_cpus  # the job's driver gets them (and its OMP_NUM_THREADS)
         self.entrypoint_memory = entrypoint_memory  # bytes: Ray starts the job on a node that has them
         self.identity = dict(identity) if identity is not None else None
         self.metadata: dict[str, str] = {}
@@ -414,6 +416,8 @@ class RayJob:
         options: dict[str, Any] = {}
         if self.entrypoint_num_gpus is not None:
             options["entrypoint_num_gpus"] = self.entrypoint_num_gpus
+        if self.entrypoint_num_cpus is not None:
+            options["entrypoint_num_cpus"] = self.entrypoint_num_cpus
         if self.entrypoint_memory is not None:
             options["entrypoint_memory"] = int(self.entrypoint_memory)
         metadata = {META_RUN: self.pipeline_run_id, META_STAGE: self.stage, META_ATTEMPT: str(self.attempt)}
