@@ -217,6 +217,13 @@ class PipelineParams(EvalEngineParams):
     max_eval_mazes: int | None = Field(None, ge=1, description="Evaluate only the first N mazes (smoke runs).")
     gif_count: int = Field(4, ge=0, description="Episode GIFs kept per eval (solved and failed).")
     train_retries: int = Field(3, ge=0, description="Retries of the train stage on infrastructure failures.")
+    resource_wait_s: float = Field(
+        2700.0,
+        ge=0,
+        description="Before each retry of the train stage, wait up to this long for the cluster to have the GPUs "
+        "the job asks for (a lost node being replaced: HyperPod needs many minutes); then give up naming what is "
+        "missing. 0: resubmit without waiting.",
+    )
     local_train_gpus: int = Field(
         0,
         ge=0,
