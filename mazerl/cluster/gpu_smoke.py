@@ -14,7 +14,7 @@ The checks, each only where the run needs it (:func:`smoke_for`):
   workers use flash-attn);
 - ``gpu.vllm_generate``: the base model loaded by vLLM and one token generated;
 - ``gpu.lora_adapter``: one token through a LoRA adapter of the run's rank and target modules
-  (zero-initialised, so it changes nothing), as SkyRL hands vLLM its adapter every step.
+  (all zeros, so it changes nothing), as SkyRL hands vLLM its adapter every step.
 
 A check that fails reports the first line of its error (``no kernel image is available for
 execution on the device`` for a wheel without the architecture). vLLM and flash-attn are imported
@@ -137,8 +137,8 @@ def _flash_attn_call(torch) -> str:
 
 
 def zero_adapter(base_model: str, rank: int, targets: list[str], out_dir: Path) -> Path:
-    """A PEFT adapter of ``rank`` on ``targets`` for ``base_model`` whose B matrices are zero (it changes
-    nothing): built on the meta device, so no weight is loaded here."""
+    """A PEFT adapter of ``rank`` on ``targets`` for ``base_model`` whose matrices are all zero (it changes
+    nothing): the model is built on the meta device for the module names and shapes, no weight is loaded."""
     import torch
     from accelerate import init_empty_weights
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
