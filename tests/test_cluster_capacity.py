@@ -1,11 +1,14 @@
 """The wait for resources before a retry (mazerl.cluster.capacity): its pace, its bound, its messages.
 
-The wait itself runs on the cluster as a Ray job; here its loop runs on a stand-in clock and a
-stand-in placement group, so minutes of waiting take no time. The rehearsal
-(tests/test_cluster_rehearsal.py) runs the real job on a multi-node Ray cluster with a node lost.
+The wait itself runs on the cluster as a Ray job. Its loop runs here on a stand-in clock and a
+stand-in placement group, so minutes of waiting take no time; the real job runs on the session's
+head (no GPU: it gives up) and, with a node lost and replaced, on the multi-node rehearsal cluster
+(tests/test_cluster_rehearsal.py).
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -105,3 +108,31 @@ def test_the_train_job_needs_skyrls_placement_group_or_the_local_jobs_gpu(tmp_pa
     local = TrainConfig(run_id="r", base_model=tmp_path)
     assert job_need(local, 1).bundles == ({"GPU": 1.0},)
     assert job_need(local, 0).bundles == (), "a CPU training waits for nothing"
+
+
+@pytest.mark.image_stack  # the wait is a Ray job: Ray's job client, on the Ray the image ships too
+def test_the_wait_job_on_a_real_head_gives_up_naming_the_missing_gpu_and_passes_what_it_has(local_ray_head):
+    from mazerl.cluster.capacity import wait_for_resources
+    from mazerl.cluster.errors import ResourcesUnavailableError
+
+    lines: list[str] = []
+    common = {"pipeline_run_id": f"cap{time.time_ns()}", "attempt": 2, "headers": local_ray_head.auth_headers()}
+    # given the session's head (2 CPUs, no GPU), when a retry waits 4 s for a GPU, then it says so and gives up;
+    with pytest.raises(ResourcesUnavailableError, match=r"gave up after \d+ s waiting for 1 GPU: 0 free") as refused:
+        wait_for_resources(
+            local_ray_head.address,
+            ResourceNeed(({"GPU": 1.0},), what="the train job"),
+            stage="train",
+            timeout_s=4.0,
+            report_every_s=1.0,
+            log=lines.append,
+            **common,
+        )
+    assert refused.value.waited_s >= 4.0
+    assert any(line.startswith("waiting for 1 GPU: 0 free (0 ALIVE GPU nodes;") for line in lines), lines
+    # and a need the head can place is ready at once.
+    lines.clear()
+    waited = wait_for_resources(
+        local_ray_head.address, ResourceNeed(({"CPU": 1.0},)), stage="eval", timeout_s=60.0, log=lines.append, **common
+    )
+    assert waited < 5.0 and "resources ready: 1 CPU for the job" in lines, lines
