@@ -381,10 +381,23 @@ class PipelineParams(EvalEngineParams):
         0.0, ge=0, le=1, description="Minimum final success rate before the champion alias may move."
     )
     hyperpod_cluster: HyperPodCluster = Field(None, description="SageMaker HyperPod cluster name to health-check.")
+    gpu_smoke: bool = Field(
+        True,
+        description="verify_cluster tries the GPU stack on every GPU worker when the run uses GPUs (the device's "
+        "architecture against torch's, a flash-attn call, a one-token vLLM generate, a LoRA adapter through vLLM, "
+        "as the backend and eval engine need them; minutes for an 8B model). false skips those rows.",
+    )
     eval_workers: int = Field(2, ge=1, description="Parallel eval workers (Ray tasks).")
     max_eval_mazes: int | None = Field(None, ge=1, description="Evaluate only the first N mazes (smoke runs).")
     gif_count: int = Field(4, ge=0, description="Episode GIFs kept per eval (solved and failed).")
     train_retries: int = Field(3, ge=0, description="Retries of the train stage on infrastructure failures.")
+    resource_wait_s: float = Field(
+        2700.0,
+        ge=0,
+        description="Before each retry of the train stage, wait up to this long for the cluster to have the GPUs "
+        "the job asks for (a lost node being replaced: HyperPod needs many minutes); then give up naming what is "
+        "missing. 0: resubmit without waiting.",
+    )
     local_train_gpus: int = Field(
         0,
         ge=0,

@@ -7,6 +7,7 @@ from prefect.artifacts import create_table_artifact
 
 from mazerl.cluster.client import ray_headers
 from mazerl.cluster.fixes import CLUSTER_FIXES
+from mazerl.cluster.gpu_smoke import smoke_for
 from mazerl.cluster.verify import requirements_for
 from mazerl.cluster.verify import verify_cluster as check_readiness
 from mazerl.params import PipelineParams
@@ -33,7 +34,23 @@ def verify_cluster(context: RunContext, params: PipelineParams) -> dict:
             eval_workers=params.eval_workers,
             eval_gpus_per_worker=params.resolved_eval_gpus(),
             log=logger.info,
-            **requirements_for(config, local_gpus=params.local_train_gpus),
+            gpu_smoke=smoke_for(
+                backend=config.backend,
+                local_gpus=params.local_train_gpus,
+                eval_engine=params.eval_engine,
+                eval_gpus=params.resolved_eval_gpus(),
+                base_model=str(context.base_model),
+                lora_rank=config.lora.rank,
+                lora_targets=tuple(config.lora.target_modules),
+            )
+            if params.gpu_smoke
+            else None,
+            **requirements_for(
+                config,
+                local_gpus=params.local_train_gpus,
+                max_artifact_mb=params.max_artifact_mb,
+                mlflow_store_in_data_root=params.tracking_uri is None,  # the embedded store copies the model too
+            ),
         )
         records = report.records()
         create_table_artifact(records, key="verify-cluster", description=f"Readiness of {report.address}")

@@ -17,7 +17,7 @@ from prefect.artifacts import create_table_artifact
 
 from envs.evalset import load as load_eval_set
 from mazerl.eval_files import SUMMARY_FILE
-from mazerl.evaluation.evaluate import EvalReport
+from mazerl.evaluation.evaluate import EvalReport, chunk_size_for
 from mazerl.fingerprint import model_fingerprint
 from mazerl.params import EvalParams, PipelineParams
 from mazerl.reporting.eval_runs import record_eval
@@ -64,12 +64,15 @@ def baseline_cache_key(context, parameters: dict) -> str:
     run: RunContext = parameters["run"]
     settings: EvalSettings = parameters["settings"]
     eval_set = load_eval_set(settings.eval_set)
+    mazes = min(settings.max_mazes or len(eval_set), len(eval_set))
     key = json.dumps(
         {
             "model": model_fingerprint(run.base_model),
             "eval_set": eval_set.digest,
-            # workers and their GPUs change speed and placement, not results
+            # workers and their GPUs change speed and placement; of the workers only the chunking they
+            # imply (mazes batched per turn) can change a reply
             "settings": asdict(settings) | {"workers": None, "gpus_per_worker": None},
+            "chunk_size": chunk_size_for(mazes, settings.workers),
             "root": str(run.root),
         },
         sort_keys=True,

@@ -2,9 +2,11 @@
 
 The merge runs as a Ray job (``mazerl.merge.job_entry``) asking Ray for the memory it needs
 (:mod:`mazerl.merge.memory`): a whole copy of the base model, which a flow-run pod does
-not have. The job writes the merged directory and its ``merge_record.json`` on the shared mount;
-the job also saves it as an MLflow transformers model beside it (``<run>/mlflow_model``); this task
-reads the record back and uploads that model to MLflow.
+not have; and for the CPUs of the roomiest node that has it (at most 16), which become the job's
+torch threads (a job driver that asks for no CPU runs on one thread). The job writes the merged
+directory and its ``merge_record.json`` on the shared mount; the job also saves it as an MLflow
+transformers model beside it (``<run>/mlflow_model``); this task reads the record back and uploads
+that model to MLflow.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
+from mazerl.cluster.client import cluster_nodes
+from mazerl.cluster.errors import RetryableJobError
 from mazerl.merge.lora import MergeReport
-from mazerl.merge.memory import merge_memory, weights_bytes
+from mazerl.merge.memory import merge_cpus, merge_memory, weights_bytes
 from mazerl.params import PipelineParams
 from mazerl.tracking.lineage import stage_run
 from mazerl.tracking.mlflow_model import log_merged_model
-from tasks.context import RunContext
+from tasks.context import RunContext, ray_headers
 from tasks.jobs import retry_on_infrastructure, run_stage_job, write_request
 from tasks.stages import timed_stage
 from tasks.training import TrainOutcome
@@ -47,6 +51,12 @@ def merge_lora(run: RunContext, trained: TrainOutcome, params: PipelineParams) -
     logger = get_run_logger()
     run_id = run.stage_run_id("merge_lora")
     out_dir = run.run_dir / "merged"
+    need = merge_memory(weights_bytes(run.base_model))
+    try:  # the CPUs of the roomiest node that has the memory: the merge's torch threads
+        cpus = merge_cpus(need, cluster_nodes(run.ray_address, ray_headers(run.ray_address)))
+    except RetryableJobError as exc:
+        logger.warning(f"merge_lora: {exc}; asking for 1 CPU")
+        cpus = 1
     request = write_request(
         run.run_dir / "merge_request.json",
         {
@@ -56,12 +66,19 @@ def merge_lora(run: RunContext, trained: TrainOutcome, params: PipelineParams) -
             "probe_eval_set": run.eval_set,
             "mlflow_model_dir": str(run.run_dir / "mlflow_model"),
             "max_artifact_mb": params.max_artifact_mb,
+            "cpus": cpus,
         },
     )
-    need = merge_memory(weights_bytes(run.base_model))
+    logger.info(f"merge_lora: a Ray job asking for {cpus} CPUs (its torch threads) and {need.describe()}")
     with timed_stage(run, "merge_lora"), stage_run(run.tracking_uri, run_id):
-        logger.info(f"merge_lora: a Ray job asking for {need.describe()}")
-        run_stage_job(run, "merge_lora", "mazerl.merge.job_entry", request, entrypoint_memory=need.total_bytes)
+        run_stage_job(
+            run,
+            "merge_lora",
+            "mazerl.merge.job_entry",
+            request,
+            entrypoint_memory=need.total_bytes,
+            entrypoint_num_cpus=cpus,
+        )
         report = MergeReport.read(out_dir)  # its summary is in the job's last line ("merge done: ...") above
         logged = log_merged_model(run.tracking_uri, run_id, report.merged_dir, run.run_dir / "mlflow_model")
     return MergedModel(

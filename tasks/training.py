@@ -1,4 +1,10 @@
-"""train: the GRPO run as a Ray job, resumed from its checkpoint on every retry."""
+"""train: the GRPO run as a Ray job, resumed from its checkpoint on every retry.
+
+A retry (an infrastructure failure: a lost node, a dead head, a hung job) first waits, up to
+``resource_wait_s``, until the cluster has the GPUs the job asks for (SkyRL's placement group, or
+the local job's GPU), so that a node HyperPod is still replacing does not use up the retries; the
+retries themselves back off (:data:`RETRY_DELAYS_S`).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,11 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.runtime import flow_run
 
+from mazerl.cluster import capacity
+from mazerl.cluster.capacity import ResourceNeed, wait_for_resources
+from mazerl.cluster.errors import ResourcesUnavailableError
 from mazerl.cluster.submitter import META_IDENTITY_PREFIX
 from mazerl.evaluation.evaluate import EvalReport
 from mazerl.params import PipelineParams
@@ -16,13 +26,26 @@ from mazerl.tracking.artifacts import log_config_file
 from mazerl.tracking.lineage import stage_run
 from mazerl.tracking.params import log_params
 from mazerl.training import checkpoints
-from mazerl.training.config import save_config
+from mazerl.training.config import TrainConfig, save_config
 from mazerl.training.progress import TrainingProgress, annotate_step_line
-from tasks.context import RunContext
-from tasks.jobs import retry_on_infrastructure, run_stage_job
+from mazerl.training.skyrl_backend import placement_bundles
+from tasks.context import RunContext, ray_headers
+from tasks.jobs import attempt_number, retry_on_infrastructure, run_stage_job
 from tasks.stages import timed_stage
 
 ENTRYPOINTS = {"local": "mazerl.training.local_entry", "skyrl": "mazerl.training.skyrl_entry"}
+# Delays before the 1st, 2nd, 3rd (and every later) retry: a transient failure is retried soon, later
+# ones further apart. A lost node is waited for before each resubmission (resource_wait_s), not here.
+RETRY_DELAYS_S = [10.0, 60.0, 300.0]
+
+
+def job_need(config: TrainConfig, local_gpus: int) -> ResourceNeed:
+    """What the train job asks Ray for: SkyRL's placement group (every training GPU at once), or the
+    local job's entrypoint GPU (none: nothing to wait for)."""
+    if config.backend == "skyrl":
+        bundles, strategy = placement_bundles(config)
+        return ResourceNeed(tuple(bundles), strategy, what="the train job (SkyRL's placement group)")
+    return ResourceNeed(({"GPU": float(local_gpus)},) if local_gpus else (), what="the train job")
 
 
 @dataclass(frozen=True)
@@ -40,7 +63,7 @@ class TrainOutcome:
 @task(
     name="train",
     retries=3,
-    retry_delay_seconds=10,
+    retry_delay_seconds=RETRY_DELAYS_S,
     retry_condition_fn=retry_on_infrastructure,
     persist_result=True,
 )
@@ -76,6 +99,31 @@ def _train(run: RunContext, params: PipelineParams, baseline: EvalReport | None)
     resumed = checkpoints.latest(config.checkpoint_dir)
     clock = run.clock()
     greedy_baseline = None
+    attempt = attempt_number()
+
+    def wait_for_the_cluster() -> None:  # a retry resubmits only once the cluster has what the job asks for
+        try:
+            wait_for_resources(
+                run.ray_address,
+                job_need(config, params.local_train_gpus),
+                pipeline_run_id=run.flow_run_id,
+                attempt=attempt,
+                stage="train",
+                timeout_s=params.resource_wait_s,
+                report_every_s=capacity.REPORT_EVERY_S,
+                headers=ray_headers(run.ray_address),
+                log=logger.info,
+            )
+        except ResourcesUnavailableError as exc:
+            step = checkpoints.read_marker(config.checkpoint_dir) or 0
+            raise ResourcesUnavailableError(
+                f"train: {exc}. The checkpoint at step {step} is kept: once the cluster has them again, retry this "
+                f"flow run (prefect flow-run retry {flow_run.id}) and training resumes after step {step}; "
+                f"resource_wait_s ({params.resource_wait_s:g} s) bounds the wait",
+                address=exc.address,
+                waited_s=exc.waited_s,
+            ) from None
+
     with stage_run(run.tracking_uri, run_id):
         log_params(run.tracking_uri, run_id, config)
         log_config_file(run.tracking_uri, run_id, config_path)
@@ -97,6 +145,7 @@ def _train(run: RunContext, params: PipelineParams, baseline: EvalReport | None)
             ),
             identity=config.identity(),
             entrypoint_num_gpus=params.local_train_gpus or None,
+            before_submit=wait_for_the_cluster if attempt > 1 else None,
         )
         trained_by = outcome.metadata.get(META_IDENTITY_PREFIX + "run_id", config.run_id)
         if trained_by != config.run_id:  # re-attached to the same training started by an earlier flow run

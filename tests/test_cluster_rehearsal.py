@@ -249,15 +249,20 @@ def hyperpod_params() -> PipelineParams:
 # --------------------------------------------------------------------------------------
 
 
-def test_rehearsal_no_gpu_verify_cluster_counts_gpus_per_node_and_checks_shared_storage_from_every_node(
+def test_rehearsal_no_gpu_standin_cuda_and_vllm_verify_cluster_counts_gpus_per_node_checks_storage_and_smokes_each_gpu_worker(
     cluster, tmp_path
 ):
+    from mazerl.cluster.fixes import CLUSTER_FIXES
+    from mazerl.cluster.gpu_smoke import CHECKS, GpuSmoke
+    from mazerl.cluster.report import ClusterNotReadyError
     from mazerl.cluster.verify import requirements_for, verify_cluster
 
     # given the hyperpod deployment's training placement (3 nodes x 2 GPUs) and its eval (6 vLLM workers),
     params = hyperpod_params()
     config = params.train_config("r", tmp_path / "model")
     model = fake_model_dir(tmp_path / "model")  # real safetensors: verify reads the header
+    # and its GPU smoke row, CUDA and vLLM answered by stand-ins (there is no GPU here)
+    smoke = GpuSmoke(CHECKS, base_model=str(model), checks_module="tests.gpu_smoke_standins")
 
     def verify(**overrides):
         kwargs = {
@@ -265,7 +270,8 @@ def test_rehearsal_no_gpu_verify_cluster_counts_gpus_per_node_and_checks_shared_
             "base_model": str(model),
             "eval_workers": params.eval_workers,
             "eval_gpus_per_worker": params.resolved_eval_gpus(),
-            **requirements_for(config),
+            "gpu_smoke": smoke,
+            **requirements_for(config, max_artifact_mb=params.max_artifact_mb),
         }
         return verify_cluster(cluster.address, headers=cluster.headers(), **(kwargs | overrides))
 
@@ -282,8 +288,30 @@ def test_rehearsal_no_gpu_verify_cluster_counts_gpus_per_node_and_checks_shared_
     assert rows["storage.shared"].found == "4/4 nodes ok", "every node wrote under the data root, the next read it"
     assert rows["ray.eval_placement"].found.startswith("room for 6"), rows["ray.eval_placement"]
     assert rows["ray.merge_memory"].ok
+    # the disk row sizes SkyRL's checkpoints (the whole model each) and the merged copies,
+    assert "3 checkpoints x" in rows["storage.free_space"].expected, rows["storage.free_space"]
+    assert "SkyRL FSDP state: the whole model" in rows["storage.free_space"].expected
+    # and the GPU smoke ran once on each GPU worker, with a GPU of its own, never on the head;
+    workers = {node_id[:8] for node_id in cluster.gpu_worker_ids()}
+    head = next(n["node_id"][:8] for n in cluster.nodes() if n["is_head_node"] and n["state"] == "ALIVE")
+    for check in CHECKS:
+        row = rows[f"gpu.{check}"]
+        assert row.ok and row.found.startswith(f"{len(workers)}/{len(workers)} GPU workers ok"), row
+        assert all(row.found.count(f"({worker})") == 1 for worker in workers) and head not in row.found, row.found
+        assert row.found.count(" GPU 0:") + row.found.count(" GPU 1:") == len(workers), "one Ray GPU id per worker"
+    # A GPU stack that fails each check fails each row with what was found, and the error says each fix.
+    broken = verify(
+        gpu_smoke=GpuSmoke(
+            CHECKS, base_model=str(model), checks_module="tests.gpu_smoke_standins", options={"fail": list(CHECKS)}
+        )
+    )
+    assert {row.name for row in broken.failures} == {f"gpu.{check}" for check in CHECKS}, broken.markdown()
+    assert "no kernel image is available" in {row.name: row for row in broken.rows}["gpu.flash_attn"].found
+    with pytest.raises(ClusterNotReadyError) as refused:
+        broken.raise_for_failures(CLUSTER_FIXES)
+    assert all(CLUSTER_FIXES[f"gpu.{check}"] in str(refused.value) for check in CHECKS), str(refused.value)
     # and a placement the cluster cannot hold fails with the numbers.
-    too_many = {row.name: row for row in verify(eval_workers=7, gpus_per_node=3).rows}
+    too_many = {row.name: row for row in verify(eval_workers=7, gpus_per_node=3, gpu_smoke=None).rows}
     assert not too_many["ray.eval_placement"].ok and "room for 6" in too_many["ray.eval_placement"].found
     assert not too_many["ray.gpu_placement"].ok and too_many["ray.gpu_placement"].found.startswith("0 such nodes")
 
@@ -515,6 +543,130 @@ def test_rehearsal_no_gpu_a_new_flow_run_reattaches_to_the_same_training_and_ref
 
 
 # --------------------------------------------------------------------------------------
+# SkyRL's placement group and a GPU node lost, then replaced (it leaves a node dead, a replacement alive)
+# --------------------------------------------------------------------------------------
+
+REPLACEMENT_DELAY_S = 20.0  # after Ray marked the node DEAD: past the first retry delay (10 s), so the retry waits
+
+
+def skyrl_params(root: Path, model: Path, address: str) -> PipelineParams:
+    """The hyperpod placement (3 nodes x 2 GPUs, one placement group) with the miniature training."""
+    return PipelineParams.model_validate(
+        {
+            "base_model": str(model),
+            "eval_set": "maze256-small-v1",
+            "data_root": str(root),
+            "ray_address": address,
+            "backend": "skyrl",
+            "hang_timeout_s": 600,
+            "resource_wait_s": 300,
+            "training": MINIATURE_TRAINING | {"steps": 4, "skyrl": {"num_gpus": 2, "num_nodes": 3}},
+        }
+    )
+
+
+def test_rehearsal_no_gpu_local_for_skyrl_a_lost_gpu_node_is_waited_for_and_training_resumes_on_its_replacement(
+    cluster, cluster_token, prefect_api, mlflow_root, starter_model_dir, monkeypatch
+):
+    from prefect import flow
+    from ray.job_submission import JobSubmissionClient
+    from rehearsal_skyrl_entry import TRAINING_ON
+
+    import tasks.training
+    from mazerl.cluster import capacity
+    from tasks.training import train
+
+    # Given the train stage of a SkyRL run of the hyperpod shape, whose job reserves SkyRL's placement
+    # group (all 6 GPUs, driver on the head) and trains in it (the local engine standing in for SkyRL),
+    monkeypatch.setitem(tasks.training.ENTRYPOINTS, "skyrl", "tests.rehearsal_skyrl_entry")
+    monkeypatch.setattr(capacity, "REPORT_EVERY_S", 5.0)  # a waiting line every 5 s instead of every minute
+    params = skyrl_params(mlflow_root, starter_model_dir, cluster.address)
+    context = stage_context(mlflow_root, starter_model_dir, cluster.address, "run-lost", "flow-lost", params)
+    run_dir = mlflow_root / "runs" / "run-lost"
+    head = next(n["node_id"] for n in cluster.nodes() if n["is_head_node"] and n["state"] == "ALIVE")
+    client = JobSubmissionClient(cluster.address, headers=cluster.headers())
+    events: dict = {}
+
+    def lose_the_training_node_then_replace_it():
+        def training_node():
+            running = [j for j in cluster.jobs("flow-lost", "train") if str(j.status) == "RUNNING"]
+            steps = metric_steps(run_dir)
+            if not running or 2 not in steps:
+                return None
+            line = next((x for x in client.get_job_logs(running[0].submission_id).splitlines() if TRAINING_ON in x), "")
+            return line.split(TRAINING_ON, 1)[1].split()[0] if line else None
+
+        # when the GPU worker that trains dies after step 2,
+        events["killed"] = node = wait_for(training_node, 300, "step 2 of the first train job", poll_s=0.2)
+        cluster.kill_raylet(node)
+        wait_for(lambda: [j for j in cluster.jobs("flow-lost", "train") if str(j.status) == "FAILED"], 120, "a1 failed")
+        wait_for(
+            lambda: [n for n in cluster.nodes() if n["node_id"] == node and n["state"] == "DEAD"],
+            120,
+            "Ray to mark the lost node DEAD",
+        )
+        # and HyperPod brings a replacement node only a while later,
+        time.sleep(REPLACEMENT_DELAY_S)
+        events["replacing_from"] = time.time()  # before it starts: no retry may be submitted earlier
+        events["replacement"] = cluster.add_worker()
+
+    @flow
+    def train_stage(context, stage_params):
+        return train.with_options(retries=1)(context, stage_params)
+
+    replacer = threading.Thread(target=lose_the_training_node_then_replace_it, daemon=True)
+    replacer.start()
+    state = train_stage(context, params, return_state=True)
+    replacer.join(timeout=5)
+    outcome = state.result()
+    assert "replacement" in events, f"the node was never lost and replaced: {events}"
+    # then the first job failed as an infrastructure error, and the retry waited for the 6 GPUs
+    trains = sorted(cluster.jobs("flow-lost", "train"), key=lambda j: j.start_time)
+    assert [(j.submission_id.rsplit("-", 1)[-1], str(j.status)) for j in trains] == [
+        ("a1", "FAILED"),
+        ("a2", "SUCCEEDED"),
+    ]
+    assert {j.driver_node_id for j in trains} == {head}, "SkyRL's driver runs on the head"
+    (waited,) = cluster.jobs("flow-lost", "train-resources")
+    wait_log = client.get_job_logs(waited.submission_id)
+    assert "waiting for 6 GPUs: 4 free" in wait_log, wait_log
+    assert "resources ready after" in wait_log, wait_log
+    # before it submitted again, once the replacement had joined;
+    assert trains[1].start_time / 1000 >= events["replacing_from"], "the retry was submitted before the node was back"
+    # and it resumed from the checkpoint marker: every step logged exactly once, in the file and in MLflow.
+    assert metric_steps(run_dir) == [1, 2, 3, 4]
+    assert outcome.final_step == 4 and checkpoints.read_marker(run_dir / "checkpoints") == 4
+    history = MlflowClient(context.tracking_uri).get_metric_history(context.stage_run_id("train"), "train/reward_mean")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4]
+    # The wait is in the flow run's own log, where an operator looks.
+    wait_for(
+        lambda: any("waiting for 6 GPUs: 4 free" in m for m in prefect_messages(state.state_details.flow_run_id)),
+        30,
+        "the waiting line in the Prefect log",
+    )
+
+
+def prefect_messages(flow_run_id) -> list[str]:
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    messages: list[str] = []
+    with get_client(sync_client=True) as client:
+        while page := client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200, offset=len(messages)
+        ):
+            messages += [log.message for log in page]
+    return messages
+
+
+def metric_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+
+
+# --------------------------------------------------------------------------------------
 # the whole pipeline, and a GPU worker lost while it trains (last: it leaves a node dead)
 # --------------------------------------------------------------------------------------
 
@@ -538,6 +690,7 @@ def test_rehearsal_no_gpu_hf_for_vllm_pipeline_survives_a_gpu_worker_killed_whil
             "local_train_gpus": 1,
             "train_retries": 2,
             "hang_timeout_s": 600,
+            "gpu_smoke": False,  # the GPUs are declared, not real (the smoke row's stand-ins are tested above)
             "training": MINIATURE_TRAINING | {"steps": 4},
         }
     )
@@ -589,4 +742,12 @@ def test_rehearsal_no_gpu_hf_for_vllm_pipeline_survives_a_gpu_worker_killed_whil
     assert str(merge.status) == "SUCCEEDED" and asked == merge_memory(weights_bytes(starter_model_dir)).total_bytes
     nodes = {n["node_id"]: n for n in cluster.nodes()}
     assert nodes[merge.driver_node_id]["resources_total"]["memory"] >= asked
+    # and for the CPUs of the roomiest such node, at most 16 (the head's 52 here), which became its torch threads.
+    from ray.job_submission import JobSubmissionClient
+
+    from mazerl.merge.memory import MAX_MERGE_CPUS
+
+    assert merge.entrypoint_num_cpus == MAX_MERGE_CPUS
+    merge_log = JobSubmissionClient(cluster.address, headers=cluster.headers()).get_job_logs(merge.submission_id)
+    assert f"torch threads (asked Ray for {MAX_MERGE_CPUS} CPUs;" in merge_log, merge_log[:2000]
     assert summary.final is not None

@@ -159,9 +159,59 @@ def test_nonsense_arguments_are_refused_before_any_work(kwargs, names):
 
 def test_requirements_follow_the_training_config(tmp_path):
     local = TrainConfig(run_id="r", base_model=tmp_path)
-    assert requirements_for(local) == {"required_nodes": 1, "required_gpus": 0, "gpus_per_node": 0}
+    placement = {k: v for k, v in requirements_for(local).items() if k != "footprint"}
+    assert placement == {"required_nodes": 1, "required_gpus": 0, "gpus_per_node": 0}
     skyrl = TrainConfig(run_id="r", base_model=tmp_path, backend="skyrl", skyrl={"num_gpus": 2, "num_nodes": 3})
-    assert requirements_for(skyrl) == {"required_nodes": 3, "required_gpus": 6, "gpus_per_node": 2}
+    needs = requirements_for(skyrl)
+    assert {k: needs[k] for k in ("required_nodes", "required_gpus", "gpus_per_node")} == {
+        "required_nodes": 3,
+        "required_gpus": 6,
+        "gpus_per_node": 2,
+    }
+    assert needs["footprint"].backend == "skyrl" and needs["footprint"].checkpoints == skyrl.checkpoints_kept + 1
+
+
+# Qwen3-VL-8B-Instruct's text_config and the size of its bf16 weights (4 shards, 17.5 GB).
+QWEN3_VL_8B_DIMS = {
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+}
+QWEN3_VL_8B_WEIGHTS = 17_534_000_000
+
+
+def test_the_free_space_row_sizes_skyrls_full_model_checkpoints_and_the_merged_copies(tmp_path):
+    from mazerl.cluster.verify import GIB, _storage_rows, lora_parameters
+
+    config = TrainConfig(run_id="r", base_model=tmp_path, backend="skyrl", skyrl={"num_gpus": 2, "num_nodes": 3})
+    skyrl = requirements_for(config, max_artifact_mb=512)["footprint"]
+    # rank 32 on the seven projections of 36 blocks: 32 x 36 x (8192 + 5120 + 5120 + 8192 + 3 x 16384)
+    assert lora_parameters(QWEN3_VL_8B_DIMS, 32, skyrl.lora_targets) == 87_293_952
+    checkpoint = skyrl.checkpoint_bytes(QWEN3_VL_8B_WEIGHTS, QWEN3_VL_8B_DIMS)
+    assert 18.5e9 < checkpoint < 19.5e9, "the whole model (17.5 GB) plus the adapter and its optimizer state"
+    parts = skyrl.parts(QWEN3_VL_8B_WEIGHTS, QWEN3_VL_8B_DIMS)
+    total = sum(size for _, size in parts)
+    assert total == 3 * checkpoint + QWEN3_VL_8B_WEIGHTS, "3 checkpoints at the peak, the merged model, no MLflow copy"
+    assert total > 3.3 * 1.25 * QWEN3_VL_8B_WEIGHTS, "the old rule (1.25 x the weights) asked for a fraction of it"
+    # The row says the numbers; a data root with 60 GiB free fails it.
+    probe = {
+        "storage": [
+            {"writer": "w", "reader": "w", "write": {"ok": True, "free_bytes": 60 * GIB}, "read": {"ok": True}}
+        ],
+        "base_model": {"weights_bytes": QWEN3_VL_8B_WEIGHTS, "dims": QWEN3_VL_8B_DIMS},
+    }
+    _, row = _storage_rows(probe, "/shared", None, skyrl)
+    assert not row.ok and f">= {total / GIB:.1f} GiB free under /shared" in row.expected
+    assert "3 checkpoints x 17.6" in row.expected and "SkyRL FSDP state" in row.expected, row.expected
+    assert "MLflow copy 0 (above max_artifact_mb 512" in row.expected, row.expected
+    # The local backend's checkpoints are the adapter and its optimizer state only; a small model is copied to MLflow.
+    local = requirements_for(TrainConfig(run_id="r", base_model=tmp_path), mlflow_store_in_data_root=True)["footprint"]
+    small = 100 * 2**20
+    assert local.checkpoint_bytes(small, QWEN3_VL_8B_DIMS) == 87_293_952 * 12
+    assert [size for _, size in local.parts(small, {})][1:] == [small, 2 * small], "merged + MLflow model + store"
 
 
 @pytest.mark.parametrize(
@@ -243,3 +293,47 @@ def test_report_renders_for_people_and_tables():
     advisory.raise_for_failures()  # an advisory row never stops the run
     assert "| hyperpod.cluster | y | not checked | advisory: no |" in advisory.markdown()
     assert advisory.records()[1]["advisory"] is True
+
+
+def test_gpu_smoke_checks_follow_what_the_run_runs_on_gpus():
+    from mazerl.cluster.gpu_smoke import smoke_for
+
+    def checks(**run):
+        base = {"backend": "local", "local_gpus": 0, "eval_engine": "hf", "eval_gpus": 0.0}
+        smoke = smoke_for(**(base | run), base_model="/m", lora_rank=32, lora_targets=("q_proj",))
+        return smoke.checks if smoke else None
+
+    assert checks() is None, "the embedded run uses no GPU: no smoke row"
+    assert checks(backend="skyrl", eval_engine="vllm", eval_gpus=1.0) == (
+        "compute_capability",
+        "flash_attn",
+        "vllm_generate",
+        "lora_adapter",
+    )
+    assert checks(eval_engine="vllm", eval_gpus=1.0) == ("compute_capability", "vllm_generate")
+    assert checks(local_gpus=1) == ("compute_capability",)
+
+
+def test_gpu_smoke_real_checks_without_gpu_say_that_no_cuda_device_is_visible():
+    from mazerl.cluster.gpu_smoke import CHECKS, run_checks
+
+    found = run_checks({"checks": list(CHECKS), "base_model": None})
+    assert set(found) == set(CHECKS) and not any(result["ok"] for result in found.values())
+    assert all("no CUDA device visible" in result["found"] for result in found.values())
+
+
+def test_gpu_rows_report_each_worker_and_a_worker_whose_gpus_are_taken_without_blocking():
+    from mazerl.cluster.gpu_smoke import GpuSmoke
+    from mazerl.cluster.verify import _gpu_rows
+
+    smoke = GpuSmoke(("compute_capability", "vllm_generate"))
+    ok = {"ok": True, "found": "sm_120"}
+    workers = [
+        {"node": "a", "checked": True, "gpu_ids": ["0"], "checks": {"compute_capability": ok, "vllm_generate": ok}},
+        {"node": "b", "checked": False},
+    ]
+    rows = {row.name: row for row in _gpu_rows({"gpu_smoke": workers}, smoke)}
+    assert rows["gpu.compute_capability"].ok and rows["gpu.compute_capability"].found.startswith("1/2 GPU workers ok")
+    assert "b: not checked, its GPUs stay taken by another job" in rows["gpu.vllm_generate"].found
+    taken = {row.name: row for row in _gpu_rows({"gpu_smoke": workers[1:]}, smoke)}
+    assert all(not row.ok and row.advisory for row in taken.values()), "nothing checked: shown, not blocking"

@@ -638,6 +638,18 @@ def test_iam_policy_allows_exactly_the_sagemaker_calls_the_hyperpod_rows_make_mo
     }, "EKS Pod Identity's trust policy"
 
 
+def test_node_role_policy_lets_the_pod_identity_agent_fetch_credentials_and_the_walkthrough_applies_it():
+    """The agent on each node calls eks-auth:AssumeRoleForPodIdentity with the node's role (HyperPod's ExecutionRole)."""
+    (statement,) = json.loads((AWS / "pod-identity-agent-node-policy.json").read_text())["Statement"]
+    assert statement["Action"] == ["eks-auth:AssumeRoleForPodIdentity"] and statement["Effect"] == "Allow"
+    applied = [w for w in aws_cli_commands() if w[1:3] == ["iam", "put-role-policy"]]
+    assert any("file://deployments/aws/pod-identity-agent-node-policy.json" in w for w in applied), applied
+    assert any(
+        w[1:3] == ["sagemaker", "describe-cluster"] and "InstanceGroups[].ExecutionRole" in w
+        for w in aws_cli_commands()
+    )
+
+
 def aws_cli_commands() -> list[list[str]]:
     """Every ``aws <service> <command> ...`` in docs/hyperpod.md's code blocks, as words (continuation lines joined)."""
     blocks = re.findall(r"```bash\n(.*?)```", DOCS.read_text(), flags=re.DOTALL)

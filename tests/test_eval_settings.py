@@ -73,3 +73,35 @@ def test_gpus_per_worker_is_placement_not_a_result_so_the_baseline_cache_ignores
     key = lambda s: baseline_cache_key(None, {"run": run, "settings": s})  # noqa: E731
     assert key(on_cpu) == key(on_gpu), "where the workers run does not change the baseline's results"
     assert key(vllm) != key(on_gpu), "another engine is another baseline"
+
+
+@pytest.mark.parametrize(
+    ("mazes", "workers", "sizes"),
+    [
+        (64, 6, [11, 11, 11, 11, 11, 9]),  # the hyperpod eval: all 6 GPU workers busy (chunks of 32 used 2)
+        (256, 2, [32] * 8),  # the embedded eval: at most 32 mazes per chunk, as before
+        (16, 2, [8, 8]),  # the smoke preset
+        (3, 6, [1, 1, 1]),  # fewer mazes than workers: one maze each, the rest stay idle
+    ],
+)
+def test_eval_chunks_give_every_worker_one_and_cover_every_maze_once(mazes, workers, sizes):
+    from mazerl.evaluation.evaluate import eval_chunks
+
+    chunks = eval_chunks(mazes, workers)
+    assert [len(chunk) for chunk in chunks] == sizes
+    assert [i for chunk in chunks for i in chunk] == list(range(mazes)), "every maze once, in set order"
+    assert eval_chunks(mazes, workers, chunk_size=4)[0] == list(range(min(4, mazes))), "an explicit size is kept"
+
+
+def test_the_worker_count_reaches_the_baseline_cache_only_through_the_chunking_it_implies(tmp_path):
+    from tasks.context import RunContext
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    run = RunContext("r", "f", tmp_path / "root", "sqlite://", "http://h:1", model, "maze64-easy-v1", {}, "p")
+    key = lambda workers: baseline_cache_key(  # noqa: E731
+        None, {"run": run, "settings": EvalSettings(eval_set="maze64-easy-v1", workers=workers)}
+    )
+    # 64 mazes: 2 and 1 workers both play chunks of 32, 6 workers chunks of 11 (another batching, maybe other replies)
+    assert key(2) == key(1) and key(6) != key(2)

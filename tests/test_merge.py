@@ -373,6 +373,33 @@ def test_memory_need_of_an_8b_bf16_model_fits_the_head_not_the_flow_pod():
         check_merge_memory(need, (8 * GIB, "the flow-run pod"))
 
 
+def test_the_merge_asks_for_the_cpus_of_the_roomiest_node_that_has_its_memory_and_threads_follow(monkeypatch):
+    import torch
+
+    from mazerl.merge import job_entry
+    from mazerl.merge.memory import GIB, MAX_MERGE_CPUS, merge_cpus, merge_memory
+
+    def node(cpus, memory_gib, state="ALIVE"):
+        return {"state": state, "resources_total": {"CPU": cpus, "memory": memory_gib * GIB}}
+
+    need = merge_memory(int(16.3 * GIB))
+    # the hyperpod shape: a head of 52 CPUs / 420 GiB, GPU workers of 40 / 440 GiB; a flow pod has no Ray node
+    assert merge_cpus(need, [node(52, 420), node(40, 440), node(40, 440)]) == MAX_MERGE_CPUS == 16
+    assert merge_cpus(need, [node(8, 440), node(64, 16), node(64, 440, "DEAD")]) == 8, (
+        "only ALIVE nodes with the memory"
+    )
+    assert merge_cpus(need, []) == 1, "nothing known: one CPU, as before"
+    # The job's torch threads: what it asked Ray for, within what this machine lets it use.
+    threads = torch.get_num_threads()
+    try:
+        monkeypatch.setattr(job_entry, "usable_cpus", lambda: 2)
+        assert job_entry.set_threads(16) == "2 torch threads (asked Ray for 16 CPUs; 2 usable here)"
+        assert torch.get_num_threads() == 2
+        assert job_entry.set_threads(1).startswith("1 torch threads") and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize(
     ("request_text", "says"),
     [

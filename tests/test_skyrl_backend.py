@@ -152,6 +152,7 @@ def test_mapping_of_the_issue_fields(tmp_path):
         "trainer.project_name": "vlm-maze-grpo",
         "trainer.run_name": "sky-1",
         "trainer.eval_interval": -1,  # our 0 (off) is SkyRL's -1
+        "trainer.print_example_interval": 0,  # no "placeholder" prompt printed beside a real reply every step
         "trainer.placement.policy_num_gpus_per_node": 8,
         "trainer.placement.policy_num_nodes": 2,
         "generator.inference_engine.num_engines": 8,  # 16 GPUs / tp 2

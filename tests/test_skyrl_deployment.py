@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 from packaging.requirements import Requirement
+from packaging.version import Version
 
 from mazerl.training.skyrl_backend import load_schema
 
@@ -49,6 +50,9 @@ def test_raycluster_ray_version_matches_the_image():
 def test_image_installs_the_project_with_its_cluster_extra_and_checks_the_imports():
     text = DOCKERFILE.read_text()
     assert '".[cluster]"' in text, "the image must resolve our own cluster extra"
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["cluster"]
+    assert any(Requirement(r).name == "sagemaker-mlflow" for r in extra), "SageMaker managed MLflow in the image"
+    assert '_get_store("arn:aws:sagemaker:' in text, "the build fails if an ARN does not resolve to the plugin"
     for module in ("mazerl.training.skyrl_entry", "envs.skyrl_env", "mazerl.policy.vllm_engine"):
         assert f"import {module}" in text, f"the build must fail if {module} does not import"
         assert (REPO / (module.replace(".", "/") + ".py")).is_file()
@@ -64,16 +68,25 @@ def image_pins() -> dict[str, str]:
 
 def test_image_constraints_are_skyrls_pins_and_admitted_by_our_ranges():
     pins, fsdp = image_pins(), load_schema()["fsdp_pins"]
-    assert {"torch", "ray", "peft", "transformers"} <= set(pins), "the libraries our code calls directly"
+    assert {"torch", "ray", "peft", "transformers", "prefect", "mlflow", "sagemaker-mlflow"} <= set(pins), (
+        "the libraries our code calls directly, and the flow-run pods' Prefect and MLflow"
+    )
     for name in ("torch", "ray", "peft"):
         assert f"=={pins[name]}" == fsdp[name], f"{name}: the image gets skyrl[fsdp]'s pin {fsdp[name]}"
     assert build_args()["TORCH_VERSION"] == pins["torch"]
     # SkyRL 0.4.0 requires transformers>=5.6.1,<=5.16.1 (its wheel's metadata); the image resolves the top.
     assert pins["transformers"] == "5.16.1"
-    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    for requirement in map(Requirement, dependencies):
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    ranges = [*project["dependencies"], *project["optional-dependencies"]["cluster"]]
+    for requirement in map(Requirement, ranges):
         if requirement.name in pins:
             assert requirement.specifier.contains(pins[requirement.name]), f"pyproject.toml refuses {requirement.name}"
+    # vLLM 0.30.0 requires fastapi<0.137; prefect 3.7.8 and every 3.8+ require fastapi>=0.139 (their wheels' metadata)
+    assert Version(pins["prefect"]) <= Version("3.7.7"), "a prefect the image's vLLM can be installed with"
+    lock = dict(line.split("==") for line in (REPO / "constraints.txt").read_text().splitlines() if "==" in line)
+    assert pins["mlflow"] == lock["mlflow"] and pins["sagemaker-mlflow"] == lock["sagemaker-mlflow"], (
+        "the image logs with the MLflow client the tests run"
+    )
 
 
 def test_image_build_and_the_ci_leg_install_with_the_same_constraints_and_check_them():

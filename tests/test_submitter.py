@@ -198,6 +198,29 @@ def test_succeeded_attempt_is_returned_not_run_again(local_ray_head, scripts):
     assert len(jobs_of(local_ray_head, run)) == 1, "the same (run, attempt) must not start a second job"
 
 
+def test_before_submit_runs_once_before_a_new_submission_and_never_for_a_job_that_needs_none(local_ray_head, scripts):
+    run = run_id()
+    calls: list[int] = []
+    # given a retry's wait before submitting (here it only counts), when the attempt's job is submitted,
+    first = job(local_ray_head, scripts / "ok.py", run=run, attempt=2, before_submit=lambda: calls.append(1))
+    with first:
+        first.wait()
+    assert calls == [1] and len(jobs_of(local_ray_head, run)) == 1, "waited once, then submitted once"
+    # and when the same attempt is looked at again (it already SUCCEEDED), nothing is waited for.
+    again = job(local_ray_head, scripts / "ok.py", run=run, attempt=2, before_submit=lambda: calls.append(2))
+    with again:
+        assert again.wait().reattached
+    assert calls == [1]
+    # A wait that gives up leaves nothing submitted.
+    with pytest.raises(RuntimeError, match="gave up"):
+        job(local_ray_head, scripts / "ok.py", run=run, attempt=3, before_submit=gave_up).start()
+    assert len(jobs_of(local_ray_head, run)) == 1
+
+
+def gave_up() -> None:
+    raise RuntimeError("gave up after 45 min waiting for 6 GPUs: 4 free")
+
+
 def test_exit_code_2_is_a_config_error_with_the_jobs_message(local_ray_head, scripts):
     with (
         pytest.raises(JobConfigError) as caught,

@@ -150,6 +150,25 @@ def ray_headers(address: str) -> dict[str, str] | None:
     return {"Authorization": f"Bearer {token}"} if token else None
 
 
+def cluster_nodes(
+    address: str | RayAddress, headers: dict[str, str] | None = None, timeout_s: float = 10.0
+) -> list[dict]:
+    """The cluster's nodes as Ray's state API lists them (``/api/v0/nodes``: ``node_id``, ``state``,
+    ``is_head_node``, ``resources_total``, ``labels``, ...), asked through the job client so the
+    token and a HyperPod session apply as for jobs. Raises :class:`RetryableJobError` when the head
+    does not answer."""
+    client = job_client(address, headers)
+    try:
+        # the state API has no client taking our headers and session; the job client's request is the one
+        response = client._do_request("GET", "/api/v0/nodes?limit=10000&detail=1", timeout=timeout_s)
+        response.raise_for_status()
+        return list(response.json()["data"]["result"]["result"])
+    except Exception as exc:  # noqa: BLE001 - any failure to answer is the same "cannot tell now"
+        raise RetryableJobError(
+            f"Ray at {address} did not list its nodes: {type(exc).__name__}: {str(exc)[:200]}", address=str(address)
+        ) from None
+
+
 def _map_client_error(address: RayAddress, exc: Exception) -> Exception:
     name, text = type(exc).__name__, str(exc)
     if address.is_sagemaker and (

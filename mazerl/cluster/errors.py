@@ -48,3 +48,16 @@ class RetryableJobError(RuntimeError):
         super().__init__(message)
         self.address = address
         self.submission_id = submission_id
+
+
+class ResourcesUnavailableError(RuntimeError):
+    """The cluster did not get the resources a job asks for within the wait's bound.
+
+    Not retried automatically: a new attempt would meet the same cluster. The message names what
+    was missing; the checkpoint is kept, so retrying the flow run once the nodes are back resumes.
+    """
+
+    def __init__(self, message: str, *, address: str, waited_s: float):
+        super().__init__(message)
+        self.address = address
+        self.waited_s = waited_s

@@ -22,4 +22,16 @@ CLUSTER_FIXES = {
     "inputs.eval_set": "restore the eval set file (git checkout envs/data) or choose another eval_set",
     "hyperpod.cluster": "set hyperpod_cluster to an existing cluster of this account and AWS_REGION",
     "hyperpod.nodes": "wait for HyperPod to replace the failed nodes, or retry later",
+    "gpu.compute_capability": "the image's torch has no kernels for these GPUs: rebuild deployments/docker/Dockerfile "
+    "on a CUDA/torch build whose arch list has the GPU's sm_XX (Blackwell sm_120 needs CUDA >= 12.8; TORCH_VERSION, "
+    "BASE_IMAGE), or run on GPU nodes of an architecture the row lists",
+    "gpu.flash_attn": "install a flash-attn wheel built for the GPU's architecture (GPU_WHEELS_INDEX in "
+    "deployments/docker/Dockerfile, or build it with FLASH_ATTN_CUDA_ARCHS including it and "
+    "FLASH_ATTENTION_SKIP_CUDA_BUILD=FALSE)",
+    "gpu.vllm_generate": "make vLLM run on these GPUs with this model: a vllm wheel with kernels for the GPU's "
+    "architecture (VLLM_VERSION in deployments/docker/Dockerfile, with the skyrl release that pins it), base_model "
+    "a directory vLLM loads; eval_engine hf avoids vLLM for the evals only",
+    "gpu.lora_adapter": "use a LoRA vLLM serves on this model: training.lora.rank one of vLLM's ranks and "
+    "training.lora.target_modules the language model's projections (q_proj ... down_proj), or a vllm release "
+    "with LoRA for this architecture",
 }

@@ -13,13 +13,17 @@ What it measures:
   back; a mount that is missing or node-local on any node shows up as a failed read. Each
   node also reports the free bytes under the data root;
 - the base model directory, read from a worker node (a GPU node if there is one): config,
-  weights (every shard an index names), processor and tokenizer files.
+  weights (every shard an index names), processor and tokenizer files;
+- with ``gpu_smoke`` in the request, the GPU stack on every GPU worker: one actor per node, with
+  one GPU, runs the checks of :mod:`mazerl.cluster.gpu_smoke` there.
 
-Tasks ask for no CPU (``num_cpus=0``) so they run even when the cluster's CPUs are taken.
+Tasks ask for no CPU (``num_cpus=0``) so they run even when the cluster's CPUs are taken; the GPU
+smoke actors ask for one GPU each (a GPU another job holds is reported, not waited for).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import socket
@@ -38,6 +42,14 @@ WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+MODEL_DIMS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+)
 
 
 def node_name(node: dict[str, Any]) -> str:
@@ -75,7 +87,10 @@ def check_model_dir(model_dir: str) -> dict[str, Any]:
         result["missing"].append("the directory itself")
         return result
     try:
-        json.loads((path / "config.json").read_text())
+        config = json.loads((path / "config.json").read_text())
+        text = config.get("text_config") or config if isinstance(config, dict) else {}
+        # the language model's dimensions: verify_cluster sizes the run's LoRA checkpoints from them
+        result["dims"] = {key: text[key] for key in MODEL_DIMS if isinstance(text.get(key), int)}
     except FileNotFoundError:
         result["missing"].append("config.json")
     except (OSError, ValueError) as exc:
@@ -212,8 +227,62 @@ def run_probe(request: dict[str, Any]) -> dict[str, Any]:
         (found,) = gather([pinned(check_model_dir, node["node_id"]).remote(model_dir)])
         result["base_model"] = {"node": node_name(node), **found}
 
+    smoke = request.get("gpu_smoke")
+    if smoke:
+        result["gpu_smoke"] = _gpu_smoke(ray, pinned_options=NodeAffinitySchedulingStrategy, smoke=smoke, nodes=alive)
+
     result["seconds"] = round(time.monotonic() - started, 2)
     return result
+
+
+class GpuWorkerSmoke:
+    """The GPU smoke row's actor on one GPU worker: one GPU, the checks module's ``run_checks``."""
+
+    def ready(self) -> dict[str, Any]:
+        import ray
+
+        return {"gpu_ids": [str(g) for g in ray.get_gpu_ids()], "host": socket.gethostname()}
+
+    def run(self, request: dict[str, Any]) -> dict[str, Any]:
+        return importlib.import_module(request["checks_module"]).run_checks(request)
+
+
+def _gpu_smoke(ray, *, pinned_options, smoke: dict[str, Any], nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One :class:`GpuWorkerSmoke` per ALIVE node with GPUs, pinned there; a worker whose GPUs stay taken by
+    another job for ``gpu_free_wait_s`` is reported as not checked instead of holding the row up."""
+    gpu_nodes = [n for n in nodes if n["gpus"] > 0]
+    actors = [
+        ray.remote(num_cpus=0, num_gpus=1, max_restarts=0)(GpuWorkerSmoke)
+        .options(scheduling_strategy=pinned_options(node_id=n["node_id"], soft=False))
+        .remote()
+        for n in gpu_nodes
+    ]
+    out: list[dict[str, Any]] = []
+    try:
+        readies = [a.ready.remote() for a in actors]
+        ray.wait(readies, num_returns=len(readies), timeout=float(smoke.get("gpu_free_wait_s", 60.0)))
+        runs = {}
+        for node, actor, ready in zip(gpu_nodes, actors, readies, strict=True):
+            done, _ = ray.wait([ready], timeout=0)
+            if not done:
+                out.append({"node": node_name(node), "node_id": node["node_id"], "checked": False})
+                continue
+            runs[node["node_id"]] = (node, ray.get(ready), actor.run.remote(smoke))
+        ray.wait([r for *_, r in runs.values()], num_returns=len(runs), timeout=float(smoke["timeout_s"]))
+        for node, ready, ref in runs.values():
+            entry = {"node": node_name(node), "node_id": node["node_id"], "checked": True, **ready}
+            try:
+                done, _ = ray.wait([ref], timeout=0)
+                entry["checks"] = ray.get(ref) if done else {}
+                if not done:
+                    entry["error"] = f"no answer within {float(smoke['timeout_s']):.0f} s"
+            except Exception as exc:  # noqa: BLE001 - a crashed check is a finding
+                entry["checks"], entry["error"] = {}, f"{type(exc).__name__}: {str(exc)[:300]}"
+            out.append(entry)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

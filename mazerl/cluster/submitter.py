@@ -37,6 +37,10 @@ What it guarantees (design section 4):
   following a job on such an address rebuilds the client (the toolkit signs in again) and goes
   on following the same job, its log from where it stopped. A new session that is refused at
   once is a real access problem and raised as such.
+- **A resubmission can wait for the cluster.** ``before_submit`` runs right before a new job is
+  submitted (never when re-attaching, nor for an id that already SUCCEEDED): the train stage's
+  retries wait there until the cluster has the GPUs the job asks for
+  (:func:`mazerl.cluster.capacity.wait_for_resources`).
 - **Cancelling the caller stops the job.** Any exception leaving :meth:`RayJob.wait` inside
   the ``with`` block (KeyboardInterrupt, task cancellation, an error in ``log``) stops the Ray
   job, unless ``keep_running_on(exc)`` gives a reason to keep it (a deployment's flow process
@@ -234,10 +238,12 @@ class RayJob:
         poll_s: float = 0.5,
         unreachable_grace_s: float = 20.0,
         entrypoint_num_gpus: float | None = None,
+        entrypoint_num_cpus: float | None = None,
         entrypoint_memory: int | None = None,
         identity: dict[str, str] | None = None,
         log_offsets_dir: str | Path | None = None,
         keep_running_on: Callable[[BaseException], str | None] | None = None,
+        before_submit: Callable[[], None] | None = None,
     ):
         if not isinstance(entrypoint, str) or not entrypoint.strip():
             raise ConfigError(
@@ -265,7 +271,9 @@ class RayJob:
         self.poll_s = poll_s
         self.unreachable_grace_s = unreachable_grace_s
         self.entrypoint_num_gpus = entrypoint_num_gpus
+        self.entrypoint_num_cpus = entrypoint_num_cpus  # the job's driver gets them (and its OMP_NUM_THREADS)
         self.entrypoint_memory = entrypoint_memory  # bytes: Ray starts the job on a node that has them
+        self.before_submit = before_submit  # runs only when a new job is about to be submitted
         self.identity = dict(identity) if identity is not None else None
         self.metadata: dict[str, str] = {}
         self.submission_id: str | None = None
@@ -304,7 +312,8 @@ class RayJob:
         """Re-attach to this pipeline run's active job, or submit a new one; returns its id."""
         self._client = job_client(self.address, self.headers)
         self._started_at = time.monotonic()
-        for _ in range(2):  # a second pass if a concurrent caller submitted the same id first
+        # a second pass if a concurrent caller submitted the same id first; one more after before_submit
+        for _ in range(3):
             jobs = self._call(self._client.list_jobs)
             mine = [
                 j
@@ -330,6 +339,10 @@ class RayJob:
                 ]
                 if others:
                     return self._attach_other_run(sorted(others, key=lambda j: j.start_time or 0))
+            if self.before_submit is not None:  # e.g. wait until the cluster has what the job asks for
+                wait, self.before_submit = self.before_submit, None
+                wait()
+                continue  # look again: the cluster's jobs may have changed while waiting
             taken = {j.submission_id for j in jobs}
             submission_id, k = self.base_submission_id, 0
             while submission_id in taken:
@@ -430,6 +443,8 @@ class RayJob:
         options: dict[str, Any] = {}
         if self.entrypoint_num_gpus is not None:
             options["entrypoint_num_gpus"] = self.entrypoint_num_gpus
+        if self.entrypoint_num_cpus is not None:
+            options["entrypoint_num_cpus"] = self.entrypoint_num_cpus
         if self.entrypoint_memory is not None:
             options["entrypoint_memory"] = int(self.entrypoint_memory)
         metadata = {META_RUN: self.pipeline_run_id, META_STAGE: self.stage, META_ATTEMPT: str(self.attempt)}

@@ -18,9 +18,13 @@ The checks:
   per node the placement needs), ``ray.eval_placement`` (all eval workers, with their GPUs,
   fit at once: the eval waits for every one of them), ``storage.shared`` (a probe file written on each alive node
   is read back by the next), ``storage.free_space`` (free bytes under the data root on every
-  node), ``inputs.base_model`` (config, weights, processor, tokenizer readable on a worker),
+  node, against the run's peak footprint: :class:`DiskFootprint`), ``inputs.base_model``
+  (config, weights, processor, tokenizer readable on a worker),
   ``ray.merge_memory`` (a node whose Ray memory holds the merge job, see
   :mod:`mazerl.merge.memory`).
+- ``gpu.*`` when a :class:`~mazerl.cluster.gpu_smoke.GpuSmoke` is given (the run uses GPUs): on
+  every GPU worker, the compute capability against the image's torch, a flash-attn call, a
+  one-token vLLM generate, a LoRA adapter through vLLM, as the run needs them.
 - ``inputs.eval_set``: the eval set loads and its digest verifies (here, in this process).
 - ``hyperpod.*`` when a HyperPod cluster name is given (:mod:`mazerl.cluster.hyperpod`);
   advisory (shown, never blocking) when the SageMaker API cannot be asked from here: no IAM
@@ -37,11 +41,13 @@ import shlex
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from envs import evalset
 from mazerl.cluster.client import job_client, parse_address
 from mazerl.cluster.errors import ConfigError, RetryableJobError
+from mazerl.cluster.gpu_smoke import GPU_FREE_WAIT_S, GpuSmoke
 from mazerl.cluster.hyperpod import HyperPodAccessError, HyperPodClusterNotFound, check_hyperpod
 from mazerl.cluster.probe import RESULT_PREFIX, node_name
 from mazerl.cluster.report import CheckRow, ClusterReport
@@ -55,26 +61,116 @@ HYPERPOD_ACCESS_HINT = (
     "sagemaker:DescribeCluster and sagemaker:ListClusterNodes, and set AWS_REGION in their env (docs/hyperpod.md)"
 )
 MIN_RAY_VERSION = (2, 52)  # token authentication
-# Free space to ask for when the caller gives none: the merged model is a full copy of the
-# base weights; LoRA checkpoints (adapter + its optimizer state, a few percent of the base
-# model each) and the exported adapter fit in the remaining quarter.
-FREE_SPACE_FACTOR = 1.25
+# Where a model's config names no dimensions (no LoRA size can be computed), a checkpoint's adapter
+# and optimizer state are taken as this share of the weights (rank 32 on all seven projections of
+# Qwen3-VL-8B: 87 M parameters, 1.0 GB in fp32 with AdamW's two moments, 6% of its 16.3 GiB).
+ADAPTER_STATE_SHARE = 0.06
+# Bytes per LoRA parameter in a checkpoint: the adapter in fp32 and AdamW's two fp32 moments.
+ADAPTER_STATE_BYTES = 4 + 8
+# The linear layers of a Qwen3-VL language-model block, as (in, out) in its config's dimensions.
+LORA_SHAPES = {
+    "q_proj": ("hidden", "q"),
+    "k_proj": ("hidden", "kv"),
+    "v_proj": ("hidden", "kv"),
+    "o_proj": ("q", "hidden"),
+    "gate_proj": ("hidden", "intermediate"),
+    "up_proj": ("hidden", "intermediate"),
+    "down_proj": ("intermediate", "hidden"),
+}
 
 
-def requirements_for(config, local_gpus: int = 0) -> dict[str, int]:
-    """The placement a :class:`~mazerl.training.config.TrainConfig` needs, as ``verify_cluster`` kwargs.
+@dataclass(frozen=True)
+class DiskFootprint:
+    """What a run writes under the data root, from its backend's real layout (``storage.free_space``).
+
+    - checkpoints: ``checkpoints_kept + 1`` at the peak (the newest is complete before the oldest is
+      pruned). SkyRL's FSDP checkpoint holds the whole sharded model state on every rank, so one
+      checkpoint is a full copy of the weights (about 17.5 GB for the 8B model) plus the adapter with
+      its optimizer state and the exported adapter; the local backend's holds the adapter, its
+      optimizer state and RNG state only.
+    - the merged model: one copy of the weights;
+    - the MLflow copy: the MLflow model beside it holds the weights up to ``max_artifact_mb`` (a
+      pointer above), and an embedded MLflow store under the data root copies them once more.
+    """
+
+    backend: str
+    checkpoints: int
+    lora_rank: int
+    lora_targets: tuple[str, ...]
+    mlflow_copy_max_bytes: int
+    mlflow_store_in_data_root: bool = False
+
+    def adapter_state_bytes(self, weights: int, dims: dict[str, int] | None) -> int:
+        parameters = lora_parameters(dims or {}, self.lora_rank, self.lora_targets)
+        return parameters * ADAPTER_STATE_BYTES if parameters else int(weights * ADAPTER_STATE_SHARE)
+
+    def checkpoint_bytes(self, weights: int, dims: dict[str, int] | None) -> int:
+        state = self.adapter_state_bytes(weights, dims)
+        if self.backend == "skyrl":  # the FSDP model state (every weight), its optimizer's, the exported adapter
+            return weights + state + state // 3
+        return state
+
+    def parts(self, weights: int, dims: dict[str, int] | None) -> list[tuple[str, int]]:
+        """(what, bytes) of the peak footprint, in the order the run writes them."""
+        checkpoint = self.checkpoint_bytes(weights, dims)
+        copies = (1 + int(self.mlflow_store_in_data_root)) if weights <= self.mlflow_copy_max_bytes else 0
+        kind = "SkyRL FSDP state: the whole model" if self.backend == "skyrl" else "adapter + optimizer"
+        return [
+            (f"{self.checkpoints} checkpoints x {checkpoint / GIB:.2f} GiB ({kind})", self.checkpoints * checkpoint),
+            (f"merged model {weights / GIB:.2f} GiB", weights),
+            (
+                f"MLflow copy {copies} x {weights / GIB:.2f} GiB"
+                if copies
+                else f"MLflow copy 0 (above max_artifact_mb {self.mlflow_copy_max_bytes / 2**20:g}: a pointer)",
+                copies * weights,
+            ),
+        ]
+
+
+def lora_parameters(dims: dict[str, int], rank: int, targets: tuple[str, ...]) -> int:
+    """LoRA parameters of ``targets`` over every language-model block: rank x (in + out) per module.
+    0 when the config lacks a dimension (the caller estimates instead)."""
+    try:
+        heads, kv_heads = dims["num_attention_heads"], dims["num_key_value_heads"]
+        head_dim = dims.get("head_dim") or dims["hidden_size"] // heads
+        size = {
+            "hidden": dims["hidden_size"],
+            "intermediate": dims["intermediate_size"],
+            "q": heads * head_dim,
+            "kv": kv_heads * head_dim,
+        }
+        layers = dims["num_hidden_layers"]
+    except (KeyError, TypeError, ZeroDivisionError):
+        return 0
+    per_block = sum(rank * (size[LORA_SHAPES[t][0]] + size[LORA_SHAPES[t][1]]) for t in targets if t in LORA_SHAPES)
+    return per_block * layers
+
+
+def requirements_for(
+    config, local_gpus: int = 0, max_artifact_mb: float = 512.0, mlflow_store_in_data_root: bool = False
+) -> dict[str, Any]:
+    """The placement and disk a :class:`~mazerl.training.config.TrainConfig` needs, as ``verify_cluster`` kwargs.
 
     local: one node, with ``local_gpus`` GPUs (the pipeline's ``local_train_gpus``). skyrl:
     ``num_nodes`` nodes with ``num_gpus`` GPUs each (FSDP workers and colocated vLLM engines,
-    ``engines x tensor_parallel_size`` GPUs in all).
+    ``engines x tensor_parallel_size`` GPUs in all). ``footprint``: :class:`DiskFootprint`.
     """
+    footprint = DiskFootprint(
+        backend=config.backend,
+        checkpoints=config.checkpoints_kept + 1,
+        lora_rank=config.lora.rank,
+        lora_targets=tuple(config.lora.target_modules),
+        mlflow_copy_max_bytes=int(max_artifact_mb * 2**20),
+        mlflow_store_in_data_root=mlflow_store_in_data_root,
+    )
     if config.backend == "skyrl":
         return {
             "required_nodes": config.skyrl.num_nodes,
             "required_gpus": config.skyrl.num_gpus * config.skyrl.num_nodes,
             "gpus_per_node": config.skyrl.num_gpus,
+            "footprint": footprint,
         }
-    return {"required_nodes": 1, "required_gpus": local_gpus, "gpus_per_node": local_gpus}
+    return {"required_nodes": 1, "required_gpus": local_gpus, "gpus_per_node": local_gpus, "footprint": footprint}
 
 
 def verify_cluster(
@@ -85,6 +181,7 @@ def verify_cluster(
     required_gpus: int = 0,
     gpus_per_node: int = 0,
     required_free_bytes: int | None = None,
+    footprint: DiskFootprint | None = None,
     eval_workers: int = 0,
     eval_gpus_per_worker: float = 0.0,
     base_model: str | None = None,
@@ -94,6 +191,7 @@ def verify_cluster(
     hyperpod_cluster: str | None = None,
     hyperpod_region: str | None = None,
     sagemaker_client: Any = None,
+    gpu_smoke: GpuSmoke | None = None,
     timeout_s: float = 60.0,
     log: Callable[[str], None] | None = None,
 ) -> ClusterReport:
@@ -101,7 +199,9 @@ def verify_cluster(
     failed check (each becomes a row), only for arguments that make no sense.
 
     ``data_root`` is the path as the cluster's nodes see it (``/shared`` on HyperPod).
-    ``required_free_bytes`` None: 1.25 x the base model's weights (0 without a base model).
+    ``required_free_bytes`` None: the run's ``footprint`` (:class:`DiskFootprint`, from
+    :func:`requirements_for`) for the base model's weights as the probe found them; without a
+    footprint, the local backend's defaults (2 checkpoints kept, rank 32).
     """
     for name, value in (
         ("required_nodes", required_nodes),
@@ -129,16 +229,21 @@ def verify_cluster(
     client = _connect(parsed.value, headers, rows)
     if client is not None:
         env = runtime_env_for(parsed.value) if runtime_env == "auto" else runtime_env
-        request = {"data_root": str(data_root), "base_model": str(base_model) if base_model else None}
+        request: dict[str, Any] = {"data_root": str(data_root), "base_model": str(base_model) if base_model else None}
+        if gpu_smoke is not None:
+            request["gpu_smoke"] = gpu_smoke.request() | {"gpu_free_wait_s": GPU_FREE_WAIT_S}
+            timeout_s += gpu_smoke.timeout_s + GPU_FREE_WAIT_S
+            say(f"verify_cluster: the GPU smoke row tries {', '.join(gpu_smoke.checks)} on every GPU worker")
         say(f"verify_cluster: probing {parsed.value}")
         probe = _run_probe(client, parsed.value, request, env, timeout_s, rows)
         if probe is not None:
             rows.extend(
                 _ray_rows(probe, required_nodes, required_gpus, gpus_per_node)
                 + _eval_rows(probe, eval_workers, eval_gpus_per_worker)
-                + _storage_rows(probe, str(data_root), required_free_bytes)
+                + _storage_rows(probe, str(data_root), required_free_bytes, footprint)
                 + _model_rows(probe)
                 + _merge_rows(probe)
+                + (_gpu_rows(probe, gpu_smoke) if gpu_smoke is not None else [])
             )
     if eval_set:
         rows.append(_eval_set_row(eval_set))
@@ -295,7 +400,9 @@ def _eval_rows(probe: dict, workers: int, gpus: float) -> list[CheckRow]:
     ]
 
 
-def _storage_rows(probe: dict, data_root: str, required_free_bytes: int | None) -> list[CheckRow]:
+def _storage_rows(
+    probe: dict, data_root: str, required_free_bytes: int | None, footprint: DiskFootprint | None
+) -> list[CheckRow]:
     storage = probe.get("storage") or []
     failures = []
     for entry in storage:
@@ -313,9 +420,16 @@ def _storage_rows(probe: dict, data_root: str, required_free_bytes: int | None) 
             bool(storage) and not failures,
         )
     ]
+    expected = f">= {(required_free_bytes or 0) / GIB:.1f} GiB free under {data_root}"
     if required_free_bytes is None:
-        weights = (probe.get("base_model") or {}).get("weights_bytes", 0)
-        required_free_bytes = int(weights * FREE_SPACE_FACTOR)
+        model = probe.get("base_model") or {}
+        weights = int(model.get("weights_bytes", 0))
+        plan = footprint or DiskFootprint("local", 3, 32, tuple(LORA_SHAPES), 512 * 2**20)
+        parts = plan.parts(weights, model.get("dims")) if weights else []
+        required_free_bytes = sum(size for _, size in parts)
+        expected = f">= {required_free_bytes / GIB:.1f} GiB free under {data_root}" + (
+            f" ({' + '.join(what for what, _ in parts)})" if parts else " (no base model to size the run by)"
+        )
     free = [(e["write"]["free_bytes"], e["writer"]) for e in storage if "free_bytes" in e["write"]]
     if free:
         least, where = min(free)
@@ -323,9 +437,7 @@ def _storage_rows(probe: dict, data_root: str, required_free_bytes: int | None) 
         ok = least >= required_free_bytes
     else:
         found, ok = "not measured (no node could write)", False
-    rows.append(
-        CheckRow("storage.free_space", f">= {required_free_bytes / GIB:.1f} GiB free under {data_root}", found, ok)
-    )
+    rows.append(CheckRow("storage.free_space", expected, found, ok))
     return rows
 
 
@@ -370,6 +482,47 @@ def _merge_rows(probe: dict) -> list[CheckRow]:
     return [
         CheckRow("ray.merge_memory", f"a node with Ray memory >= {need.describe()} for merge_lora", found, bool(roomy))
     ]
+
+
+GPU_EXPECTED = {
+    "compute_capability": "the GPU's architecture is one the image's torch was built for",
+    "flash_attn": "one flash_attn_func call matches torch's attention",
+    "vllm_generate": "vLLM loads the base model and generates a token",
+    "lora_adapter": "vLLM generates through a LoRA adapter of the run's rank and target modules",
+}
+
+
+def _gpu_rows(probe: dict, smoke: GpuSmoke) -> list[CheckRow]:
+    """One row per check, across every GPU worker (the probe ran one smoke actor on each)."""
+    workers = probe.get("gpu_smoke") or []
+    rows = []
+    for check in smoke.checks:
+        expected = f"on each GPU worker: {GPU_EXPECTED[check]}"
+        if not workers:
+            rows.append(CheckRow(f"gpu.{check}", expected, "no GPU worker to try it on", False))
+            continue
+        failed, passed, unchecked = [], [], []
+        for worker in workers:
+            if not worker["checked"]:
+                unchecked.append(f"{worker['node']}: not checked, its GPUs stay taken by another job")
+                continue
+            result = (worker.get("checks") or {}).get(check)
+            if result is None:
+                failed.append(f"{worker['node']}: {worker.get('error') or 'the check did not run'}")
+            else:
+                (passed if result["ok"] else failed).append(
+                    f"{worker['node']} GPU {','.join(worker.get('gpu_ids', []))}: {result['found']}"
+                )
+        found = "; ".join(failed + passed + unchecked)
+        if failed:
+            rows.append(CheckRow(f"gpu.{check}", expected, f"{len(failed)} of {len(workers)} failed: {found}", False))
+        elif not passed:
+            rows.append(CheckRow(f"gpu.{check}", expected, found, False, advisory=True))
+        else:
+            rows.append(
+                CheckRow(f"gpu.{check}", expected, f"{len(passed)}/{len(workers)} GPU workers ok: {found}", True)
+            )
+    return rows
 
 
 def _eval_set_row(name: str) -> CheckRow:

@@ -7,8 +7,11 @@ Writes ``results.jsonl`` (one line per maze, in set order), ``summary.json`` and
 ``out_dir``, each atomically, and returns an :class:`EvalReport`: a small frozen value
 (paths and numbers) that a Prefect task can return and cache.
 
-Workers are Ray actors that load the policy once and play fixed chunks of the set, so the
-results are the same maze by maze whatever the number of workers. Without a running Ray
+Workers are Ray actors that load the policy once and play chunks of the set. By default the
+chunks are sized from the worker count (:func:`eval_chunks`): every worker gets one, at most
+:data:`MAX_CHUNK` mazes each, so 64 mazes on 6 GPU workers keep all 6 busy instead of two
+chunks of 32. A given chunking gives the same results maze by maze whatever the number of
+workers; ``chunk_size`` fixes it explicitly. Without a running Ray
 (and no ``ray_address``) the call runs on the embedded loopback-only head
 (:mod:`mazerl.cluster.ray_local`), started if none runs, never on a bare ``ray.init()``, which
 listens on every interface and writes an 0644 token into ``~/.ray``.
@@ -17,6 +20,7 @@ listens on every interface and writes an 0644 token into ``~/.ray``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -40,6 +44,9 @@ from mazerl.starter.record import recorded_context_mode
 ENGINES = ("hf", "vllm")
 GIF_DIR = "gifs"
 PROGRESS_POLL_S = 2.0  # how often the driver asks the workers' maze counter while chunks run
+# Mazes one worker batches per turn at most: the hf engine's batch on CPU, and what every eval used
+# before chunks were sized from the workers (the embedded run's 256 mazes on 2 workers still get 32).
+MAX_CHUNK = 32
 
 
 @dataclass(frozen=True)
@@ -94,13 +101,26 @@ def default_history_text(model_dir: Path) -> int | str:
     return recorded_context_mode(model_dir)[1]
 
 
+def chunk_size_for(mazes: int, workers: int) -> int:
+    """Mazes per chunk so that every worker gets one: ceil(mazes / workers), at most :data:`MAX_CHUNK`."""
+    if mazes < 1 or workers < 1:
+        raise ValueError(f"mazes ({mazes}) and workers ({workers}) must be >= 1")
+    return min(MAX_CHUNK, math.ceil(mazes / workers))
+
+
+def eval_chunks(mazes: int, workers: int, chunk_size: int | None = None) -> list[list[int]]:
+    """The maze indices ``0..mazes-1`` in the chunks the workers play (``chunk_size`` None: :func:`chunk_size_for`)."""
+    size = chunk_size_for(mazes, workers) if chunk_size is None else chunk_size
+    return [list(range(start, min(start + size, mazes))) for start in range(0, mazes, size)]
+
+
 def _check_arguments(
     model_dir: Path,
     engine: str,
     workers: int,
     gif_count: int,
     max_mazes: int | None,
-    chunk_size: int,
+    chunk_size: int | None,
     threads: int,
     max_new_tokens: int,
 ) -> None:
@@ -109,7 +129,7 @@ def _check_arguments(
     for name, value, minimum in (
         ("workers", workers, 1),
         ("gif_count", gif_count, 0),
-        ("chunk_size", chunk_size, 1),
+        ("chunk_size", 1 if chunk_size is None else chunk_size, 1),
         ("threads_per_worker", threads, 1),
         ("max_new_tokens", max_new_tokens, 1),
     ):
@@ -137,7 +157,7 @@ def evaluate(
     history_text: int | str | None = None,
     action_format: str = "tuple",
     max_new_tokens: int = 24,
-    chunk_size: int = 32,
+    chunk_size: int | None = None,
     threads_per_worker: int = 1,
     gpus_per_worker: float | None = None,
     device: str | None = None,
@@ -148,6 +168,7 @@ def evaluate(
 
     ``history_images``, ``history_text``: None uses the model's recorded setting (the starter's) or "all".
     ``gpus_per_worker``: None gives each worker one GPU for vllm and none for hf.
+    ``chunk_size``: mazes a worker plays as one batch; None sizes them from ``workers`` (:func:`eval_chunks`).
     ``progress(done, total)`` is called as mazes finish (polled every :data:`PROGRESS_POLL_S`). A
     mode other than the one the model was trained in is allowed (a run that trains in another mode
     evaluates its starter in that mode too) but said loudly through ``log`` and recorded in the summary.
@@ -184,7 +205,7 @@ def evaluate(
         device=device,
         gif_candidates=gif_count,
     )
-    chunks = [list(range(start, min(start + chunk_size, count))) for start in range(0, count, chunk_size)]
+    chunks = eval_chunks(count, workers, chunk_size)
     gpus = (1.0 if engine == "vllm" else 0.0) if gpus_per_worker is None else gpus_per_worker
     if engine == "vllm" and gpus <= 0:
         raise ValueError("gpus_per_worker=0 with engine='vllm': vLLM runs on GPUs only; give each worker 1 GPU")
@@ -194,6 +215,7 @@ def evaluate(
     rows.sort(key=lambda row: row["index"])
     gif_paths = _write_gifs(out_dir, rows, gifs, gif_count)
     summary = _summary(model_dir, adapter, mazes, count, job, rows, gif_paths, out_dir, workers)
+    summary["settings"]["chunk_size"] = len(chunks[0])  # mazes batched per turn: part of what decides the replies
     summary["worker_placement"] = placement  # node, GPUs and device of each worker
     summary["gpus_per_worker"] = gpus
     summary["trained_context_mode"] = {"history_images": recorded[0], "history_text": recorded[1]}

@@ -3,7 +3,8 @@
 The merge needs a whole copy of the base model in memory (about 23 GiB for Qwen3-VL-8B in
 bfloat16, :mod:`mazerl.merge.memory`), which a flow-run pod does not have. So the
 orchestrator writes the request (JSON: ``base_model``, ``checkpoints_dir``, ``out_dir``,
-``probe_eval_set``, ``mlflow_model_dir``, ``max_artifact_mb``) and submits this module as a Ray job asking Ray for that much memory; Ray
+``probe_eval_set``, ``mlflow_model_dir``, ``max_artifact_mb``, and ``cpus``: torch's threads) and
+submits this module as a Ray job asking Ray for that much memory and those CPUs; Ray
 starts it on a node that has it (the head or a GPU worker on HyperPod). Here, before loading
 anything, the node's real free memory is checked again, then :func:`~mazerl.merge.lora.merge_lora`
 merges, proves and writes ``<out_dir>`` with its ``merge_record.json``, then
@@ -24,13 +25,26 @@ import socket
 import sys
 import traceback
 
+import torch
+
 from mazerl.merge.lora import MergeError, merge_lora
-from mazerl.merge.memory import MergeMemoryError
+from mazerl.merge.memory import MergeMemoryError, usable_cpus
 from mazerl.policy.loader import load_processor
 from mazerl.tracking.mlflow_model import write_mlflow_model
 
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG_ERROR = 0, 1, 2
 REQUEST_KEYS = ("base_model", "checkpoints_dir", "out_dir", "probe_eval_set", "mlflow_model_dir", "max_artifact_mb")
+# optional: "cpus", the CPUs the job asked Ray for (entrypoint_num_cpus): its torch threads
+
+
+def set_threads(asked: int | None) -> str:
+    """Torch's threads from what the job was given: the CPUs it asked Ray for, within what this node lets
+    it use. (A job driver inherits ``OMP_NUM_THREADS=1`` when it asks for no CPU.)"""
+    usable = usable_cpus()
+    threads = max(1, min(int(asked), usable)) if asked else torch.get_num_threads()
+    torch.set_num_threads(threads)
+    given = f"asked Ray for {asked} CPUs" if asked else "asked Ray for no CPUs"
+    return f"{threads} torch threads ({given}; {usable} usable here)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"configuration error: cannot use merge request {args.config}: {exc}", flush=True)
         return EXIT_CONFIG_ERROR
 
-    print(f"merge: on {socket.gethostname()}: {request['checkpoints_dir']} into {request['base_model']}", flush=True)
+    threads = set_threads(request.get("cpus"))
+    print(
+        f"merge: on {socket.gethostname()} with {threads}: {request['checkpoints_dir']} into {request['base_model']}",
+        flush=True,
+    )
     try:
         report = merge_lora(
             request["base_model"],

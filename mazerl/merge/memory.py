@@ -30,6 +30,9 @@ GIB = 1024**3
 SAVE_SHARD_BYTES = 5 * GIB  # the merged model is saved in shards of at most this size ("5GB" releases)
 SAVE_SHARD = "5GB"  # the same, as save_pretrained's max_shard_size
 OVERHEAD_BYTES = 2 * GIB
+# Torch threads the merge job asks Ray for at most (its CPU forward passes, the reload, the MLflow save):
+# docs/performance.md ("LoRA merge: threads") has the measured scaling and the extrapolation to 8B.
+MAX_MERGE_CPUS = 16
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 
 
@@ -65,6 +68,36 @@ def weights_bytes(model_dir: str | os.PathLike) -> int:
 def merge_memory(weights: int) -> MemoryNeed:
     """The merge's memory for a model of ``weights`` bytes (stored dtype = merge dtype)."""
     return MemoryNeed(weights, min(weights, SAVE_SHARD_BYTES), OVERHEAD_BYTES)
+
+
+def merge_cpus(need: MemoryNeed, nodes: list[dict]) -> int:
+    """CPUs the merge job asks Ray for (``entrypoint_num_cpus``), and so its torch threads: as many as the
+    largest ALIVE node that has the merge's memory offers, at most :data:`MAX_MERGE_CPUS`; 1 when no
+    node is known (the job then runs as before, on one thread).
+
+    ``nodes``: Ray's state API node records (``state``, ``resources_total``), e.g.
+    :func:`mazerl.cluster.client.cluster_nodes`. A Ray job driver gets ``OMP_NUM_THREADS=1`` unless it
+    asks for CPUs, which left the merge of an 8B model on one core of a 64-core head.
+    """
+    roomy = [
+        float((node.get("resources_total") or {}).get("CPU", 0))
+        for node in nodes
+        if node.get("state") == "ALIVE"
+        and float((node.get("resources_total") or {}).get("memory", 0)) >= need.total_bytes
+    ]
+    return max(1, min(MAX_MERGE_CPUS, int(max(roomy, default=1))))
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask, capped by the container's cgroup CPU quota."""
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            count = min(count, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, count)
 
 
 def available_memory() -> tuple[int, str]:

@@ -21,10 +21,9 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from mlflow.tracking import MlflowClient
-
 from mazerl.atomic import write_bytes, write_text
 from mazerl.tracking.evals import EVAL_METRICS
+from mazerl.tracking.store import client_for
 
 SAMPLED_KEY = "train/success_rate"
 GREEDY_KEY = EVAL_METRICS["success_rate"]  # the periodic greedy evals log the eval stage's name
@@ -45,7 +44,7 @@ def history_from_mlflow(
     tracking_uri: str, run_id: str, keys: Sequence[str] = (SAMPLED_KEY, GREEDY_KEY)
 ) -> dict[str, Series]:
     """Per-step history of ``keys`` in a run (missing metrics give empty series)."""
-    client = MlflowClient(tracking_uri)
+    client = client_for(tracking_uri)
     history = {}
     for key in keys:
         metrics = sorted(client.get_metric_history(run_id, key), key=lambda m: (m.timestamp, m.step))
@@ -232,7 +231,7 @@ def log_learning_curve(
     png, markdown = plot_learning_curve(
         history, out_dir, baseline, final, greedy_on=greedy_on, eval_on=eval_on, greedy_baseline=greedy_baseline
     )
-    client = MlflowClient(tracking_uri)
+    client = client_for(tracking_uri)
     for path in (png, markdown):
         client.log_artifact(run_id, str(path), "learning_curve")
     return png, markdown

@@ -33,9 +33,9 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
 from mlflow.entities import Metric  # noqa: E402
-from mlflow.tracking import MlflowClient  # noqa: E402
 
 from mazerl.atomic import write_jsonl  # noqa: E402
+from mazerl.tracking.store import client_for  # noqa: E402
 
 
 class MetricsLogger:
@@ -50,7 +50,7 @@ class MetricsLogger:
         retry_every_s: float = 15.0,
     ) -> None:
         self.run_id = run_id
-        self.client = MlflowClient(tracking_uri) if run_id else None
+        self.client = client_for(tracking_uri) if run_id else None
         self.jsonl_path = Path(jsonl_path)
         self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
         self.warn = warn

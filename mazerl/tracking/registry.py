@@ -32,6 +32,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
 
 from mazerl.tracking.mlflow_model import weights_dir
+from mazerl.tracking.store import client_for
 
 DEFAULT_REGISTERED_MODEL = "maze-vlm"
 CHAMPION = "champion"
@@ -220,7 +221,7 @@ def promote(
         raise RegistryError(
             "model_source is empty; pass the artifact URI of the merged model (mazerl.tracking.artifacts.artifact_uri)"
         )
-    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    client = client_for(tracking_uri)
     _ensure_registered_model(client, registered_model)
     version_tags = {
         TAG_BASELINE: f"{baseline:.6f}",
@@ -309,7 +310,7 @@ def model_version_dir(
     directory if None).
     """
     validate_model_name(registered_model)
-    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    client = client_for(tracking_uri)
     try:
         entry = (
             client.get_model_version(registered_model, version)

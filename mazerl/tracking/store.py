@@ -11,6 +11,7 @@ import json
 import os
 from pathlib import Path
 
+import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -47,6 +48,11 @@ RUNS_VIEW_STATE = {
 }
 
 
+def is_sagemaker_mlflow(tracking_uri: str) -> bool:
+    """A SageMaker managed MLflow tracking server (``arn:aws:sagemaker:...``, served by the sagemaker-mlflow plugin)."""
+    return tracking_uri.startswith("arn:")
+
+
 def default_tracking_uri(root: str | os.PathLike | None = None) -> str:
     """``sqlite:///<root>/mlflow.db`` for the data root (``$MAZERL_HOME`` or ``./.mazerl``)."""
     return paths.mlflow_db_uri(paths.data_root(root))
@@ -59,8 +65,8 @@ def default_artifact_location(tracking_uri: str, root: str | os.PathLike | None 
     the database file (the embedded layout); for another database, under the data root;
     for a tracking server, None (the server decides).
     """
-    if tracking_uri.startswith(("http://", "https://", "databricks", "arn:")):  # arn: SageMaker managed MLflow
-        return None
+    if tracking_uri.startswith(("http://", "https://", "databricks")) or is_sagemaker_mlflow(tracking_uri):
+        return None  # a server: its own artifact store (SageMaker's is an S3 bucket)
     if root is not None:
         return paths.mlflow_artifacts_dir(Path(root).expanduser().resolve()).as_uri()
     if tracking_uri.startswith("sqlite:///"):
@@ -76,6 +82,10 @@ def client_for(tracking_uri: str) -> MlflowClient:
         database = Path(tracking_uri.removeprefix("sqlite:///"))
         database.parent.mkdir(parents=True, exist_ok=True)
         paths.create_store_file(database)
+    if is_sagemaker_mlflow(tracking_uri) and mlflow.get_tracking_uri() != tracking_uri:
+        # sagemaker-mlflow (0.5) signs every request and names the server from the process-wide tracking
+        # URI, not the client's: a client for an ARN fails to sign while another URI is the global one
+        mlflow.set_tracking_uri(tracking_uri)
     return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
 
 
@@ -129,6 +139,6 @@ def ui_url(tracking_uri: str, local_ui: str = "http://127.0.0.1:5000") -> str | 
     (once ``mlflow ui`` serves it there); None where the UI lives elsewhere (Databricks)."""
     if tracking_uri.startswith(("http://", "https://")):
         return tracking_uri.rstrip("/")
-    if tracking_uri.startswith(("databricks", "arn:")):  # SageMaker's UI opens from Studio (a presigned URL)
-        return None
+    if tracking_uri.startswith("databricks") or is_sagemaker_mlflow(tracking_uri):
+        return None  # SageMaker's UI: `aws sagemaker create-presigned-mlflow-tracking-server-url`
     return local_ui

@@ -292,6 +292,10 @@ def build_overrides(config: TrainConfig) -> dict[str, Any]:
         # merge_lora builds the merged model from the adapter; a full HF export per step is waste
         "trainer.hf_save_interval": -1,
         "trainer.log_path": str(files.log_dir),
+        # SkyRL's example print shows the ticket's prompt, which is PLACEHOLDER_PROMPT (the env builds the
+        # real one), beside a real reply: a misleading pair every step. 0 turns it off for training and eval
+        # (skyrl 0.4.0 trainer.py and evaluate.py print only when the interval is > 0); our step line stays.
+        "trainer.print_example_interval": 0,
         # eval (greedy, on the fixed set); the pipeline's baseline_eval stage covers step 0
         "trainer.eval_interval": config.eval_interval if config.eval_interval > 0 else -1,
         "trainer.eval_before_train": False,
