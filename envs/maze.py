@@ -322,7 +322,9 @@ class MazeEnv:
             dr, dc = DIRECTIONS[action]
             nxt = (self.agent[0] + dr, self.agent[1] + dc)
             if self.layout.walls[nxt]:
-                feedback = "Cannot move into a wall."
+                feedback = (
+                    f"Cannot move {DIRECTION_WORDS[action]} into a wall."  # which way: a Markov policy can avoid it
+                )
             else:
                 self.agent = nxt
                 self._renderer.place_agent(nxt)

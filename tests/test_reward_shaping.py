@@ -1,8 +1,8 @@
 """The training-only shaping terms, on a maze small enough to check by hand."""
 
-import numpy as np
 import pytest
 from scripted_engines import FixedReplyEngine
+from small_mazes import ROUND_THE_CORNER
 
 from envs.maze import Layout, MazeEnv, action_text, solve_actions, target_distances
 from envs.reward import Shaping, turn_shaping
@@ -10,19 +10,8 @@ from mazerl.policy.engines import GenerationSettings
 from mazerl.policy.episodes import run_episodes
 from mazerl.policy.loader import load_processor
 
-# A 5x5 maze (3x3 interior): the agent at (1, 1), the target at (3, 3), one way round:
-# right, right, down, down.  The cell (3, 1) is a dead end below the start.
-WALLS = np.array(
-    [
-        [1, 1, 1, 1, 1],
-        [1, 0, 0, 0, 1],
-        [1, 0, 1, 0, 1],
-        [1, 0, 1, 0, 1],
-        [1, 1, 1, 1, 1],
-    ],
-    dtype=np.uint8,
-)
-LAYOUT = Layout(walls=WALLS, agent=(1, 1), target=(3, 3))
+LAYOUT = ROUND_THE_CORNER  # the way leads round: right, right, down, down
+WALLS = LAYOUT.walls
 
 
 def test_target_distances_count_moves_along_the_maze():

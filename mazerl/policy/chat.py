@@ -17,7 +17,7 @@ Two settings say how much of the past a context shows (the *context mode*):
   context as text. ``"all"`` (the reference) keeps every one; K keeps the task prompt and the
   last K exchanges; 0 keeps the task prompt alone, with the current frame attached to it.
   ``"feedback"`` is 0 plus the last feedback line when the last reply left the frame unchanged
-  (a wall bump, an unreadable reply: "Cannot move into a wall."), and no reply. With 0, 1 or
+  (a wall bump, an unreadable reply: "Cannot move up into a wall."), and no reply. With 0, 1 or
   ``"feedback"`` a context is a function of the state the policy is in (its frame; with
   ``"feedback"`` also whether the last reply got nowhere; with 1 the last reply and feedback), so
   identical states give identical contexts, which the inference and scoring paths compute once

@@ -38,7 +38,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from filelock import FileLock
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from envs.maze import ACCEPTED_FORMS, DIRECTION_WORDS, MazeEnv, action_text
 from mazerl import paths
@@ -48,7 +48,7 @@ from mazerl.starter.record import RECORD_FILE, StarterError, read_record
 from mazerl.starter.shipped import SHIPPED_NAME, shipped_starter
 from mazerl.starter.warmstart import warm_start as run_warm_start
 
-STARTER_NAME = SHIPPED_NAME  # maze-starter-v3: warm-started with Markov contexts (history_text feedback)
+STARTER_NAME = SHIPPED_NAME  # maze-starter-v4: v3 plus a noisy demonstrator, aux_weight 3, stopped mid-schedule
 SPECIAL_TOKENS = (
     "<|endoftext|>",
     "<|im_start|>",
@@ -118,19 +118,65 @@ class StarterConfig(BaseModel):
     history_noise: float = Field(
         0.3, ge=0, le=1, description="Per-step chance of a wall bump or dead-end excursion in warm-start histories."
     )
+    answer_noise: float = Field(
+        0.6,
+        ge=0,
+        le=1,
+        description="Chance that a warm-start answer is the move of a demonstrator that heads for the red square "
+        "instead of the solver's (mazerl.starter.warmstart.demonstrator_action): where the maze leads round, the "
+        "starter's mistakes become near-ties that GRPO can sharpen (v3, the solver only: 0, was confidently wrong "
+        "where it failed; 0.6 gives GRPO +20 points in 40 steps, docs/performance.md). 0: the solver only.",
+    )
     epochs: float = Field(0.8, gt=0, description="Passes over the warm-start states (fractional allowed).")
+    schedule_epochs: float | None = Field(
+        2.0,
+        gt=0,
+        description="Length of the learning-rate schedule in epochs (None: epochs). Longer than epochs stops the "
+        "warm-start mid-schedule, its learning rate still high: a starter that has learnt to see the maze but whose "
+        "answers are not yet sharpened, which GRPO moves further than a converged one.",
+    )
     max_states: int | None = Field(None, ge=1, description="Use only the first N states (reduced builds).")
     batch_size: int = Field(16, ge=1, description="States per optimizer step (16 learns faster per second than 32).")
     learning_rate: float = Field(1e-3, gt=0, description="AdamW peak learning rate (cosine decay to 0).")
     warmup_steps: int = Field(20, ge=0, description="Linear warm-up steps.")
-    aux_weight: float = Field(1.0, ge=0, description="Weight of each auxiliary per-cell loss (0 disables them).")
+    aux_weight: float = Field(
+        3.0,
+        ge=0,
+        description="Weight of each auxiliary per-cell loss (0 disables them). 3 (1 before v4) is the largest single "
+        "lever on what the starter reads of the maze (docs/performance.md, the starter arms).",
+    )
+    answer_weight: float = Field(
+        1.0,
+        gt=0,
+        description="Weight of the answer loss beside the auxiliary ones: below 1 the starter learns to see the "
+        "maze (the per-cell heads) faster than to act on it, so it knows more than its answers show.",
+    )
     aux_layer: int = Field(2, ge=1, description="Text layer whose output feeds the auxiliary heads.")
     torch_threads: int = Field(2, ge=1, description="torch threads of the build (fixed: results depend on it).")
+
+    @model_validator(mode="after")
+    def _schedule_covers_the_run(self) -> StarterConfig:
+        if self.schedule_epochs is not None and self.schedule_epochs < self.epochs:
+            raise ValueError(
+                f"schedule_epochs={self.schedule_epochs} is shorter than epochs={self.epochs}: the schedule would end "
+                "before the warm-start does; set schedule_epochs >= epochs, or leave it unset (= epochs)"
+            )
+        return self
 
     @staticmethod
     def reduced_build(seed: int = 0) -> StarterConfig:
         """The CI build: the real pipeline end to end in seconds (a few hundred states, one pass)."""
-        return StarterConfig(seed=seed, reduced=True, epochs=1.0, max_states=320, batch_size=16, warmup_steps=2)
+        return StarterConfig(
+            seed=seed,
+            reduced=True,
+            epochs=1.0,
+            schedule_epochs=None,
+            max_states=320,
+            batch_size=16,
+            warmup_steps=2,
+            aux_weight=1.0,
+            answer_noise=0.0,
+        )
 
 
 # --------------------------------------------------------------------------------------
@@ -154,7 +200,8 @@ def tokenizer_corpus() -> list[str]:
         replies += [action_text(action, action_format) for action in range(5)]
         observations.append(f"Could not read an action. Reply with exactly one of: {ACCEPTED_FORMS[action_format]}.")
     feedback = [f"Moved {word}." for word in DIRECTION_WORDS.values()]
-    feedback += ["Cannot move into a wall.", "Stopped on the target.", "Stopped away from the target."]
+    feedback += [f"Cannot move {word} into a wall." for word in DIRECTION_WORDS.values()]
+    feedback += ["Stopped on the target.", "Stopped away from the target."]
     observations += feedback + [text + " The move budget is spent." for text in feedback]
     # Weighted roughly as an episode uses them: one prompt, then per turn a reply and a feedback line.
     return (

@@ -17,10 +17,10 @@ import hashlib
 import os
 from pathlib import Path
 
-SHIPPED_NAME = "maze-starter-v3"
+SHIPPED_NAME = "maze-starter-v4"
 SHIPPED_DIR = Path(__file__).parent / "data" / SHIPPED_NAME
 # SHA-256 over (file name, file SHA-256) of every file in SHIPPED_DIR, by name (directory_digest).
-SHIPPED_DIGEST = "44402c2f2cf4d57f68a6e050443e447678a978689c308cd80a7125e3b7f5fec5"
+SHIPPED_DIGEST = "0d75503a4dd435bcd843a9def27534288ad8dff274851b3ca41fa4771f97f6c0"
 
 
 class ShippedStarterError(ValueError):

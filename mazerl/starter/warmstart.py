@@ -17,6 +17,14 @@ plateau: one predicts for every cell the solver's next action from that cell (or
 one predicts which cell the agent is on. Each is weighted ``aux_weight`` beside the answer
 loss; the heads are discarded afterwards, so the saved model is a plain Qwen3-VL.
 
+The noisy demonstrator (``answer_noise``). The reference SFT checkpoint learnt from imperfect
+demonstrations; a starter that imitates the solver alone is, where it fails, confidently wrong
+(the solver's move gets 0.2 at its first wrong state), which GRPO can barely move. With chance
+``answer_noise`` an answer is instead the move of a demonstrator that heads for the red square
+(:func:`demonstrator_action`); where the maze's way leads round, the starter then learns a mix
+of the two, so its mistakes are near-ties there. The auxiliary per-cell targets stay the
+solver's, so what the model sees of the maze is learnt cleanly.
+
 Loop: AdamW, linear warm-up then cosine decay, batches of ``batch_size`` states drawn
 from one seeded permutation per epoch (length-sorted within windows, to pad less),
 gradient clipping at 1.0.
@@ -36,7 +44,7 @@ import torch.nn.functional as F
 
 from envs.evalset import EvalSet
 from envs.evalset import load as load_eval_set
-from envs.maze import DIRECTIONS, Layout, MazeEnv, action_text, solve_actions
+from envs.maze import DIRECTIONS, Action, Layout, MazeEnv, action_text, solve_actions
 from envs.pool import training_pool, world_capacity
 from mazerl.policy.chat import Conversation, end_of_turn_id, image_token_id, model_inputs, render
 from mazerl.progress import ProgressMeter
@@ -51,7 +59,8 @@ class State:
 
     input_ids: list[int]
     images: list[np.ndarray]
-    answer_ids: list[int]
+    answer_ids: list[int]  # the solver's action
+    demo_ids: list[int]  # the noisy demonstrator's (heads for the target): see demonstrator_action
     cell_classes: np.ndarray  # (cells,) per-cell solver action or WALL_CLASS, row-major over the frame's grid
     agent_cell: int  # row-major index of the agent's cell
 
@@ -81,6 +90,25 @@ def _reply_ids(processor: Any, action: int, action_format: str) -> list[int]:
 
 
 REVERSE = {0: 2, 1: 3, 2: 0, 3: 1}
+
+
+def demonstrator_action(layout: Layout, cell: tuple[int, int]) -> int:
+    """What a demonstrator who heads for the red square does at ``cell``: the open move that brings
+    the agent nearest the target as the crow flies (Manhattan distance; ties: the lower action id),
+    and stop on the target.
+
+    Where the maze's way leads round, away from the target, this is not the solver's move: the
+    warm-start's ``answer_noise`` mixes it into the answers there, so the starter's mistakes are
+    near-ties between the two (what GRPO can sharpen) rather than confident errors.
+    """
+    if cell == layout.target:
+        return int(Action.STOP)
+    open_moves = [
+        (abs(cell[0] + dr - layout.target[0]) + abs(cell[1] + dc - layout.target[1]), action)
+        for action, (dr, dc) in DIRECTIONS.items()
+        if not layout.walls[cell[0] + dr, cell[1] + dc]
+    ]
+    return min(open_moves)[1]
 
 
 def noisy_walk(layout: Layout, cell: tuple[int, int], noise: float, rng: np.random.Generator) -> list[int]:
@@ -178,7 +206,8 @@ def build_states(
         input_ids, images = render(processor, conversation, history_images, history_text)
         index = cell[0] * layout.walls.shape[1] + cell[1]
         answer = int(classes[maze][index])
-        states.append(State(input_ids, images, replies[answer], classes[maze], index))
+        demo = demonstrator_action(layout, cell)
+        states.append(State(input_ids, images, replies[answer], replies[demo], classes[maze], index))
     return states
 
 
@@ -204,7 +233,16 @@ def epoch_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int, w
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def _cosine(step: int, total: int, warmup: int) -> float:
+def schedule_steps(config: Any, states: int) -> tuple[int, int]:
+    """(optimizer steps the warm-start takes, steps of its learning-rate schedule) for a ``StarterConfig``: the two differ
+    when ``schedule_epochs`` is longer than ``epochs`` and the warm-start stops mid-schedule."""
+    steps = max(1, math.ceil(config.epochs * states / config.batch_size))
+    schedule = math.ceil((config.schedule_epochs or config.epochs) * states / config.batch_size)
+    return steps, max(steps, schedule)
+
+
+def lr_factor(step: int, total: int, warmup: int) -> float:
+    """The schedule's multiplier of the peak learning rate at ``step``: linear warm-up, then cosine to 0 at ``total``."""
     if step < warmup:
         return (step + 1) / warmup
     progress = (step - warmup) / max(1, total - warmup)
@@ -218,20 +256,26 @@ def batch_loss(
     batch: list[State],
     aux_weight: float,
     captured: dict[str, torch.Tensor],
+    answers: list[list[int]] | None = None,
+    answer_weight: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Answer cross-entropy (+ the auxiliary losses); also exact-match answer accuracy."""
-    sequences = [s.input_ids + s.answer_ids for s in batch]
+    """Answer cross-entropy (+ the auxiliary losses); also exact-match answer accuracy.
+
+    ``answers``: the reply ids to learn per state (default: the solver's); the auxiliary
+    per-cell targets are always the solver's."""
+    answers = answers if answers is not None else [s.answer_ids for s in batch]
+    sequences = [s.input_ids + answer for s, answer in zip(batch, answers, strict=True)]
     inputs = model_inputs(processor, sequences, [s.images for s in batch], padding_side="left")
-    longest = max(len(s.answer_ids) for s in batch)
+    longest = max(len(answer) for answer in answers)
     logits = model(**inputs, logits_to_keep=longest + 1).logits[:, :-1]  # (B, R, V)
     targets = inputs["input_ids"][:, -longest:]  # (B, R)
-    lengths = torch.tensor([len(s.answer_ids) for s in batch])
+    lengths = torch.tensor([len(answer) for answer in answers])
     mask = torch.arange(longest).unsqueeze(0) >= (longest - lengths).unsqueeze(1)  # (B, R)
     token_loss = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, R)
     answer_loss = (token_loss * mask).sum() / mask.sum()
     correct = ((logits.argmax(-1) == targets) | ~mask).all(-1).float().mean()
     metrics = {"answer_loss": answer_loss.item(), "answer_accuracy": correct.item()}
-    loss = answer_loss
+    loss = answer_weight * answer_loss
     if aux_weight > 0:
         hidden = captured["hidden"]  # (B, T, H)
         image_mask = inputs["input_ids"] == image_token_id(processor)  # (B, T), one frame per context
@@ -278,15 +322,17 @@ def warm_start(
         config.history_text,
     )
     prepared = time.perf_counter() - started
-    steps = max(1, math.ceil(config.epochs * len(states) / config.batch_size))
+    steps, schedule = schedule_steps(config, len(states))
     log(
         f"warm-start: {len(layouts)} mazes, {len(states)} states ({prepared:.1f} s to render), "
-        f"{steps} steps of {config.batch_size} ({config.epochs} epochs)"
+        f"{steps} steps of {config.batch_size} ({config.epochs} epochs"
+        + (f" of a {schedule}-step schedule" if schedule > steps else "")
+        + ")"
     )
     heads = AuxHeads(model.config.text_config.hidden_size)
     parameters = list(model.parameters()) + list(heads.parameters())
     optimizer = torch.optim.AdamW(parameters, lr=config.learning_rate, weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _cosine(s, steps, config.warmup_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, schedule, config.warmup_steps))
     captured: dict[str, torch.Tensor] = {}
     layer = model.model.language_model.layers[config.aux_layer - 1]
     hook = layer.register_forward_hook(lambda _m, _i, output: captured.__setitem__("hidden", output))
@@ -305,9 +351,13 @@ def warm_start(
             epoch, offset = divmod(step, per_epoch)
             if offset == 0:
                 batches = epoch_batches(lengths, config.batch_size, config.seed, epoch)
-            indices = batches[offset]
+            batch = [states[i] for i in batches[offset]]
+            # The noisy demonstrator: each answer is its move instead of the solver's with chance answer_noise,
+            # drawn anew every step, so a state where the two differ is learnt as a mix of both.
+            noisy = np.random.default_rng([config.seed, 4, step]).random(len(batch)) < config.answer_noise
+            answers = [s.demo_ids if swap else s.answer_ids for s, swap in zip(batch, noisy, strict=True)]
             loss, metrics = batch_loss(
-                model, heads, processor, [states[i] for i in indices], config.aux_weight, captured
+                model, heads, processor, batch, config.aux_weight, captured, answers, config.answer_weight
             )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

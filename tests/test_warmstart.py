@@ -1,0 +1,60 @@
+"""The warm-start's data: the solver's answers, the noisy demonstrator's, on mazes checked by hand."""
+
+import pytest
+from small_mazes import ROUND_THE_CORNER
+
+from envs.maze import Action, Layout, solve_actions
+from mazerl.starter.build import StarterConfig
+from mazerl.starter.warmstart import demonstrator_action
+
+LAYOUT = ROUND_THE_CORNER  # the way leads round: right, right, down, down
+WALLS = LAYOUT.walls
+
+
+@pytest.mark.parametrize(
+    ("cell", "expected"),
+    [
+        ((1, 1), Action.RIGHT),  # right and down both close in on the target; the lower action id wins
+        ((3, 1), Action.UP),  # the dead end's only open move
+        ((1, 3), Action.DOWN),
+        ((2, 3), Action.DOWN),
+        ((3, 3), Action.STOP),
+    ],
+)
+def test_the_demonstrator_heads_for_the_target(cell, expected):
+    assert demonstrator_action(LAYOUT, cell) == expected
+
+
+def test_the_demonstrator_differs_from_the_solver_where_the_way_leads_round():
+    # Given the cell (2, 1) below the start: the solver goes back up, the demonstrator down into the dead end.
+    cell = (2, 1)
+    assert solve_actions(Layout(WALLS, cell, LAYOUT.target))[0] == Action.UP
+    assert demonstrator_action(LAYOUT, cell) == Action.DOWN
+
+
+def test_answer_noise_is_a_probability():
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="answer_noise"):
+            StarterConfig(answer_noise=bad)
+
+
+def test_a_longer_schedule_stops_the_warm_start_mid_schedule_with_the_learning_rate_still_high():
+    from mazerl.starter.warmstart import lr_factor, schedule_steps
+
+    # Given 8,615 warm-start states in batches of 16, and the same 0.8 epoch once with its own schedule
+    # and once as the first 0.8 of a 2-epoch schedule,
+    own = StarterConfig(epochs=0.8, schedule_epochs=None)
+    longer = StarterConfig(epochs=0.8, schedule_epochs=2.0)
+    steps, schedule = schedule_steps(own, 8615)
+    assert (steps, schedule) == (431, 431)
+    assert schedule_steps(longer, 8615) == (431, 1077)
+    # then both take the same steps, and share the warm-up,
+    assert lr_factor(5, 431, 20) == lr_factor(5, 1077, 20)
+    # but at the last step the own schedule has decayed to nothing while the longer one is still high.
+    assert lr_factor(steps - 1, 431, 20) < 0.001
+    assert lr_factor(steps - 1, 1077, 20) > 0.6
+
+
+def test_a_schedule_shorter_than_the_warm_start_is_refused():
+    with pytest.raises(ValueError, match="schedule_epochs=0.5 is shorter than epochs=0.8"):
+        StarterConfig(epochs=0.8, schedule_epochs=0.5)
