@@ -256,6 +256,7 @@ def test_rehearsal_no_gpu_standin_cuda_and_vllm_verify_cluster_counts_gpus_per_n
     from mazerl.cluster.gpu_smoke import CHECKS, GpuSmoke
     from mazerl.cluster.report import ClusterNotReadyError
     from mazerl.cluster.verify import requirements_for, verify_cluster
+    from mazerl.merge.memory import merge_memory
 
     # given the hyperpod deployment's training placement (3 nodes x 2 GPUs) and its eval (6 vLLM workers),
     params = hyperpod_params()
@@ -271,6 +272,7 @@ def test_rehearsal_no_gpu_standin_cuda_and_vllm_verify_cluster_counts_gpus_per_n
             "eval_workers": params.eval_workers,
             "eval_gpus_per_worker": params.resolved_eval_gpus(),
             "gpu_smoke": smoke,
+            "merge_memory": merge_memory,
             **requirements_for(config, max_artifact_mb=params.max_artifact_mb),
         }
         return verify_cluster(cluster.address, headers=cluster.headers(), **(kwargs | overrides))

@@ -120,7 +120,7 @@ def test_mazerl_ui_serves_the_embedded_store_and_prints_the_runs_table_link(mlfl
 
 
 def test_mazerl_ui_refuses_a_port_in_use_and_takes_a_free_one_when_none_was_asked_for(mlflow_root, monkeypatch):
-    from mazerl.tracking import ui_cli
+    from cli import ui as ui_cli
 
     with socket.socket() as busy:  # another program on the port
         busy.bind(("127.0.0.1", 0))

@@ -27,6 +27,7 @@ from mazerl.cluster.submitter import (
     runtime_env_for,
     submission_id_for,
 )
+from mazerl.training.progress import TrainingProgress
 
 # Ray's job client against a Ray head, on the Ray the image ships too (`make test-image-stack`).
 pytestmark = pytest.mark.image_stack
@@ -337,7 +338,9 @@ def test_a_reattached_job_without_a_record_is_followed_from_its_start_and_says_s
 
 def test_hung_job_is_stopped_and_reported_retryable(local_ray_head, scripts):
     run = run_id()
-    running = job(local_ray_head, scripts / "hang.py", run=run, hang_timeout_s=3.0, poll_s=0.25)
+    running = job(
+        local_ray_head, scripts / "hang.py", run=run, hang_timeout_s=3.0, progress_probe=TrainingProgress(), poll_s=0.25
+    )
     started = time.monotonic()
     with pytest.raises(RetryableJobError, match="hung") as caught, running:
         running.wait()

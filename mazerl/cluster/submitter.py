@@ -28,10 +28,10 @@ What it guarantees (design section 4):
   :class:`JobConfigError`, never retried. Any other failure, STOPPED, a job that vanished, an
   address that stops answering (for longer than ``unreachable_grace_s``) ->
   :class:`RetryableJobError` naming the address; the training retry resumes from its checkpoint.
-- **Hung jobs are stopped.** With ``hang_timeout_s``, a RUNNING job whose progress probe
-  (default: :class:`~mazerl.training.progress.TrainingProgress`, the last ``step N/M:`` line
-  both training backends print) does not advance for that long is stopped and reported as
-  retryable "hung". Works on any Ray cluster.
+- **Hung jobs are stopped.** With ``hang_timeout_s``, a RUNNING job whose ``progress_probe``
+  (the caller's: the train stage gives :class:`~mazerl.training.progress.TrainingProgress`, the
+  last ``step N/M:`` line both training backends print) does not advance for that long is
+  stopped and reported as retryable "hung". Works on any Ray cluster.
 - **An expired HyperPod session is renewed.** The ``sagemaker_ray://`` toolkit fetches its
   dashboard cookie once, when the client is built; a long wait outlives it. A 401/403 while
   following a job on such an address rebuilds the client (the toolkit signs in again) and goes
@@ -80,7 +80,6 @@ from mazerl.atomic import write_json
 from mazerl.cluster.client import job_client, parse_address
 from mazerl.cluster.errors import ClusterAccessError, ConfigError, JobConfigError, JobConflictError, RetryableJobError
 from mazerl.cluster.ray_local import is_loopback_host
-from mazerl.training.progress import TrainingProgress
 
 logger = logging.getLogger(__name__)
 
@@ -251,6 +250,11 @@ class RayJob:
             )
         if hang_timeout_s is not None and not hang_timeout_s > 0:
             raise ConfigError(f"hang_timeout_s ({hang_timeout_s}) must be > 0 seconds, or None to disable the watchdog")
+        if hang_timeout_s is not None and progress_probe is None:
+            raise ConfigError(
+                f"hang_timeout_s ({hang_timeout_s:g}) needs a progress_probe to watch, e.g. "
+                "mazerl.training.progress.TrainingProgress() for a training job, or hang_timeout_s=None"
+            )
         if not poll_s > 0 or unreachable_grace_s < 0:
             raise ConfigError(f"poll_s ({poll_s}) must be > 0 and unreachable_grace_s ({unreachable_grace_s}) >= 0")
         parsed = parse_address(address)
@@ -267,7 +271,7 @@ class RayJob:
         self.headers = dict(headers) if headers else None
         self.log: LogFn = log or logger.info
         self.hang_timeout_s = hang_timeout_s
-        self.progress_probe = progress_probe or (TrainingProgress() if hang_timeout_s else None)
+        self.progress_probe = progress_probe
         self.poll_s = poll_s
         self.unreachable_grace_s = unreachable_grace_s
         self.entrypoint_num_gpus = entrypoint_num_gpus

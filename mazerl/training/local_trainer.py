@@ -55,14 +55,13 @@ from mazerl.policy.episodes import Episode, run_episodes
 from mazerl.policy.loader import ModelLoadError, load_policy, read_adapter_config
 from mazerl.policy.prefix_engine import PrefixCachingEngine
 from mazerl.policy.vision_cache import VisionCache
-from mazerl.progress import ProgressMeter
+from mazerl.progress import ProgressMeter, step_line
 from mazerl.starter.record import recorded_context_mode
 from mazerl.tracking.evals import EVAL_METRICS
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, save_config
 from mazerl.training.data import epoch_of_step, step_indices
 from mazerl.training.grpo import LOSS_REDUCTIONS, clipped_surrogate, group_advantages, k3_kl, turn_advantages
-from mazerl.training.progress import step_line
 from mazerl.training.scoring import PackedScorer, TurnSample, reply_mask
 
 
