@@ -55,7 +55,7 @@ def _mlflow_template_db(tmp_path_factory: pytest.TempPathFactory):
 def mlflow_root(tmp_path, _mlflow_template_db):
     """A fresh data root whose ``mlflow.db`` is an empty, migrated MLflow store (``<root>/mlartifacts`` not yet made).
 
-    Its tracking URI is ``mazerl.tracking.store.default_tracking_uri(root)``.
+    Its tracking URI is ``mazerl.tracking.paths.mlflow_db_uri(root)``.
     """
     import shutil
 

@@ -415,11 +415,11 @@ TRAIN_STAGE_SCRIPT = textwrap.dedent(
 
 
 def stage_context(root: Path, model: Path, address: str, run_id: str, flow_run_id: str, params: PipelineParams):
+    from mazerl.paths import mlflow_db_uri
     from mazerl.tracking.lineage import start_pipeline_run
-    from mazerl.tracking.store import default_tracking_uri
     from tasks.context import RunContext
 
-    uri = default_tracking_uri(root)
+    uri = mlflow_db_uri(root)
     runs = start_pipeline_run(uri, flow_run_id=flow_run_id)
     return RunContext(
         run_id=run_id,
