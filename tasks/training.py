@@ -18,7 +18,7 @@ from prefect.runtime import flow_run
 from mazerl.cluster import capacity
 from mazerl.cluster.capacity import ResourceNeed, wait_for_resources
 from mazerl.cluster.errors import ResourcesUnavailableError
-from mazerl.cluster.submitter import META_IDENTITY_PREFIX
+from mazerl.cluster.job_spec import META_IDENTITY_PREFIX
 from mazerl.evaluation.evaluate import EvalReport
 from mazerl.params import PipelineParams
 from mazerl.progress import annotate_step_line

@@ -49,9 +49,9 @@ from mazerl.cluster.client import job_client, parse_address
 from mazerl.cluster.errors import ConfigError, RetryableJobError
 from mazerl.cluster.gpu_smoke import GPU_FREE_WAIT_S, GpuSmoke
 from mazerl.cluster.hyperpod import HyperPodAccessError, HyperPodClusterNotFound, check_hyperpod
+from mazerl.cluster.job_spec import TERMINAL, runtime_env_for
 from mazerl.cluster.probe import RESULT_PREFIX, node_name
 from mazerl.cluster.report import CheckRow, ClusterReport
-from mazerl.cluster.submitter import TERMINAL, runtime_env_for
 
 GIB = 1024**3
 
