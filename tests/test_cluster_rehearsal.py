@@ -44,7 +44,8 @@ from mlflow.tracking import MlflowClient
 from test_cluster_verify import fake_model_dir
 from test_fault_injection import training_processes, wait_for  # the trainer-process helpers, one home
 
-from mazerl.cluster.ray_local import LocalRayHead, _free_ports, _head_env, start_local_head
+from mazerl.cluster.loopback import free_ports
+from mazerl.cluster.ray_local import LocalRayHead, _head_env, start_local_head
 from mazerl.params import PipelineParams
 from mazerl.training import checkpoints
 from mazerl.training.recipes import MINIATURE_TRAINING
@@ -123,7 +124,7 @@ class RehearsalCluster:
 
     def add_worker(self, timeout_s: float = 120.0) -> str:
         known = {n["node_id"] for n in self.nodes()}
-        agent, agent_grpc, runtime_env, metrics = _free_ports(4)
+        agent, agent_grpc, runtime_env, metrics = free_ports(4)
         shape = self.worker_shape
         command = [
             sys.executable,

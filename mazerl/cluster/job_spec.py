@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 from mazerl.cluster.client import parse_address
 from mazerl.cluster.errors import ConfigError
-from mazerl.cluster.ray_local import is_loopback_host
+from mazerl.cluster.loopback import is_loopback_host
 
 META_RUN = "mazerl_pipeline_run"
 META_STAGE = "mazerl_stage"
