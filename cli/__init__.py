@@ -1,8 +1,9 @@
-"""The command line: ``mazerl`` (``main``), ``mazerl run`` (``run``), and the check of ``prefect.yaml``'s
-schedules (``python -m cli.schedules``).
+"""The command line: ``mazerl`` (``main``), its commands, and the check of ``prefect.yaml``'s schedules.
 
-These are the orchestration layer's front ends, not flows: they start Prefect (``run``) or read
-its deployment file (``schedules``), so they live outside the plain-Python library ``mazerl/``.
-The library's own subcommands (``mazerl eval``, ``build-starter``, ``ui``, ``ray``) stay with the
-code they drive; ``main`` only puts them together. Nothing imports this package.
+``run`` (``mazerl run``, with ``resume`` and ``prefect_server``), ``eval`` (``mazerl eval``),
+``build_starter`` (``mazerl build-starter``), ``ui`` (``mazerl ui``) and ``ray`` (``mazerl ray``);
+``schedules`` is ``python -m cli.schedules``. These are front ends, not flows: they check flags
+(with ``mazerl.preflight``), then call the library or start Prefect, so they sit above every
+package of the plain-Python library ``mazerl/``. ``main`` only puts them together. Nothing of the
+library, ``tasks/`` or ``flows/`` imports this package.
 """

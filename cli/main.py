@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cli.build_starter import add_build_starter_command
+from cli.eval import add_eval_command
+from cli.ray import add_ray_command
 from cli.run import add_run_command
+from cli.ui import add_ui_command
 from envs.maze import MazeEnv, solve
-from mazerl.cluster.ray_cli import add_ray_command
-from mazerl.evaluation.cli import add_eval_command
-from mazerl.starter.cli import add_build_starter_command
-from mazerl.tracking.ui_cli import add_ui_command
 
 MAX_SEED = 2**32 - 1  # numpy's seeding takes 0 .. 2**32 - 1
 

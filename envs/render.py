@@ -95,14 +95,6 @@ def png_data_uri(image: np.ndarray) -> str:
     return "data:image/png;base64," + base64.b64encode(png_bytes(image)).decode("ascii")
 
 
-def image_from_data_uri(uri: str) -> Image.Image:
-    """Inverse of :func:`png_data_uri` (any base64 image data URI)."""
-    header, _, payload = uri.partition(",")
-    if not header.startswith("data:image/") or ";base64" not in header:
-        raise ValueError(f"expected a base64 image data URI, got one starting with {uri[:40]!r}")
-    return Image.open(io.BytesIO(base64.b64decode(payload))).convert("RGB")
-
-
 def episode_caption(solved: bool, moves: int) -> str:
     """The line under an episode GIF: ``solved in 6 moves`` or ``failed after 15 moves``."""
     plural = "" if moves == 1 else "s"

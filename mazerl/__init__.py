@@ -1,9 +1,13 @@
 """mazerl: library code for the maze GRPO pipeline (no Prefect imports here).
 
 Sub-packages run inside Ray jobs as well as in the orchestrator: ``policy`` (model loading,
-inference engines, episodes, the tiny starter), ``evaluation``, ``training`` (configs,
-GRPO math, checkpoints, trainers), ``cluster`` (Ray, job submission, readiness checks),
-``tracking`` (MLflow lineage, merge and promotion).
+chat rendering, inference engines, episodes), ``starter`` (the tiny Qwen3-VL starter),
+``evaluation`` (the eval stage), ``training`` (configs, GRPO math, checkpoints, both backends),
+``merge`` (the LoRA merge and its proofs), ``cluster`` (Ray: the local head, job submission,
+readiness checks), ``tracking`` (MLflow only: store, run tree, metrics, registry) and
+``reporting`` (the pipeline's outcomes in MLflow, promotion). The modules beside them are
+small helpers (paths, atomic writes, progress lines) and the pipeline's inputs (``params``,
+``preflight``). docs/architecture.md has the table and the import rules.
 """
 
 from mazerl import upstream_warnings

@@ -18,6 +18,7 @@ from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema, model_va
 
 from envs.evalset import EMBEDDED_EVAL_SET, SPECS
 from mazerl import paths
+from mazerl.evaluation.engines import EvalEngine, gpus_per_worker
 from mazerl.training.config import PlainNumbers, TrainConfig
 from mazerl.training.recipes import (
     MINIATURE_TRAINING,
@@ -306,7 +307,7 @@ class EvalEngineParams(PlainNumbers):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    eval_engine: Literal["hf", "vllm"] = Field(
+    eval_engine: EvalEngine = Field(
         "hf",
         description="Inference engine of the evals: hf (transformers; CPU, or a GPU when the worker has one) "
         "or vllm (GPU workers only; the hyperpod deployment's choice for 8B models).",
@@ -335,9 +336,7 @@ class EvalEngineParams(PlainNumbers):
 
     def resolved_eval_gpus(self) -> float:
         """GPUs per eval worker, the engine's default filled in."""
-        if self.eval_gpus_per_worker is not None:
-            return float(self.eval_gpus_per_worker)
-        return 1.0 if self.eval_engine == "vllm" else 0.0
+        return gpus_per_worker(self.eval_engine, self.eval_gpus_per_worker)
 
 
 class PipelineParams(EvalEngineParams):

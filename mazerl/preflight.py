@@ -46,8 +46,8 @@ from urllib.parse import urlencode, urlparse
 
 from envs.evalset import EvalSetError, load
 from mazerl import paths
+from mazerl.cluster.loopback import is_loopback_host
 from mazerl.cluster.probe import check_model_dir
-from mazerl.cluster.ray_local import is_loopback_host
 from mazerl.params import DATABASE_SCHEMES, check_ray_address_form, control_character, redacted
 from mazerl.starter.record import RECORD_FILE
 from mazerl.starter.shipped import SHIPPED_DIGEST, SHIPPED_DIR, SHIPPED_NAME, directory_digest

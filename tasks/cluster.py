@@ -10,6 +10,7 @@ from mazerl.cluster.fixes import CLUSTER_FIXES
 from mazerl.cluster.gpu_smoke import smoke_for
 from mazerl.cluster.verify import requirements_for
 from mazerl.cluster.verify import verify_cluster as check_readiness
+from mazerl.merge.memory import merge_memory
 from mazerl.params import PipelineParams
 from mazerl.tracking.lineage import stage_run
 from mazerl.tracking.store import client_for
@@ -34,6 +35,7 @@ def verify_cluster(context: RunContext, params: PipelineParams) -> dict:
             eval_workers=params.eval_workers,
             eval_gpus_per_worker=params.resolved_eval_gpus(),
             log=logger.info,
+            merge_memory=merge_memory,  # the merge's need, for the weights the probe finds on the cluster
             gpu_smoke=smoke_for(
                 backend=config.backend,
                 local_gpus=params.local_train_gpus,

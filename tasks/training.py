@@ -18,16 +18,17 @@ from prefect.runtime import flow_run
 from mazerl.cluster import capacity
 from mazerl.cluster.capacity import ResourceNeed, wait_for_resources
 from mazerl.cluster.errors import ResourcesUnavailableError
-from mazerl.cluster.submitter import META_IDENTITY_PREFIX
+from mazerl.cluster.job_spec import META_IDENTITY_PREFIX
 from mazerl.evaluation.evaluate import EvalReport
 from mazerl.params import PipelineParams
+from mazerl.progress import annotate_step_line
 from mazerl.reporting.eval_runs import log_baseline_as_step_zero
 from mazerl.tracking.artifacts import log_config_file
 from mazerl.tracking.lineage import stage_run
 from mazerl.tracking.params import log_params
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, save_config
-from mazerl.training.progress import TrainingProgress, annotate_step_line
+from mazerl.training.progress import TrainingProgress
 from mazerl.training.skyrl_backend import placement_bundles
 from tasks.context import RunContext, ray_headers
 from tasks.jobs import attempt_number, retry_on_infrastructure, run_stage_job

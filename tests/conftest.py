@@ -55,7 +55,7 @@ def _mlflow_template_db(tmp_path_factory: pytest.TempPathFactory):
 def mlflow_root(tmp_path, _mlflow_template_db):
     """A fresh data root whose ``mlflow.db`` is an empty, migrated MLflow store (``<root>/mlartifacts`` not yet made).
 
-    Its tracking URI is ``mazerl.tracking.store.default_tracking_uri(root)``.
+    Its tracking URI is ``mazerl.tracking.paths.mlflow_db_uri(root)``.
     """
     import shutil
 
@@ -84,7 +84,7 @@ def local_ray_head():
         with RayJob(local_ray_head.address, entrypoint, ..., headers=local_ray_head.auth_headers()) as job:
             job.wait()
 
-    Jobs run this checkout's code when given ``runtime_env=mazerl.cluster.submitter.local_runtime_env()``
+    Jobs run this checkout's code when given ``runtime_env=mazerl.cluster.job_spec.local_runtime_env()``
     (the submitter's ``runtime_env="auto"`` does that for 127.0.0.1). A subprocess that wants
     to be a Ray driver on it needs ``local_ray_head.client_env()`` in its environment. Do not
     stop it in a test; start your own head (``start_local_head``) for destructive tests.

@@ -27,10 +27,10 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from cli.ui import UI_ENV, ui_command_line
 from mazerl.reporting.promotion import ALL_MAZES_SHOWN, CHANGED_ROWS_SHOWN
 from mazerl.tracking.lineage import STAGES
 from mazerl.tracking.store import HEADLINE_METRICS, experiment_url
-from mazerl.tracking.ui_cli import UI_ENV, ui_command_line
 
 CHROMIUM_NAMES = ("chromium-headless-shell", "chromium", "chromium-browser")
 PAGE_TIMEOUT_MS = 180_000  # the UI's first load on a busy 2-core machine takes tens of seconds

@@ -44,7 +44,8 @@ from mlflow.tracking import MlflowClient
 from test_cluster_verify import fake_model_dir
 from test_fault_injection import training_processes, wait_for  # the trainer-process helpers, one home
 
-from mazerl.cluster.ray_local import LocalRayHead, _free_ports, _head_env, start_local_head
+from mazerl.cluster.loopback import free_ports
+from mazerl.cluster.ray_local import LocalRayHead, _head_env, start_local_head
 from mazerl.params import PipelineParams
 from mazerl.training import checkpoints
 from mazerl.training.recipes import MINIATURE_TRAINING
@@ -123,7 +124,7 @@ class RehearsalCluster:
 
     def add_worker(self, timeout_s: float = 120.0) -> str:
         known = {n["node_id"] for n in self.nodes()}
-        agent, agent_grpc, runtime_env, metrics = _free_ports(4)
+        agent, agent_grpc, runtime_env, metrics = free_ports(4)
         shape = self.worker_shape
         command = [
             sys.executable,
@@ -256,6 +257,7 @@ def test_rehearsal_no_gpu_standin_cuda_and_vllm_verify_cluster_counts_gpus_per_n
     from mazerl.cluster.gpu_smoke import CHECKS, GpuSmoke
     from mazerl.cluster.report import ClusterNotReadyError
     from mazerl.cluster.verify import requirements_for, verify_cluster
+    from mazerl.merge.memory import merge_memory
 
     # given the hyperpod deployment's training placement (3 nodes x 2 GPUs) and its eval (6 vLLM workers),
     params = hyperpod_params()
@@ -271,6 +273,7 @@ def test_rehearsal_no_gpu_standin_cuda_and_vllm_verify_cluster_counts_gpus_per_n
             "eval_workers": params.eval_workers,
             "eval_gpus_per_worker": params.resolved_eval_gpus(),
             "gpu_smoke": smoke,
+            "merge_memory": merge_memory,
             **requirements_for(config, max_artifact_mb=params.max_artifact_mb),
         }
         return verify_cluster(cluster.address, headers=cluster.headers(), **(kwargs | overrides))
@@ -413,11 +416,11 @@ TRAIN_STAGE_SCRIPT = textwrap.dedent(
 
 
 def stage_context(root: Path, model: Path, address: str, run_id: str, flow_run_id: str, params: PipelineParams):
+    from mazerl.paths import mlflow_db_uri
     from mazerl.tracking.lineage import start_pipeline_run
-    from mazerl.tracking.store import default_tracking_uri
     from tasks.context import RunContext
 
-    uri = default_tracking_uri(root)
+    uri = mlflow_db_uri(root)
     runs = start_pipeline_run(uri, flow_run_id=flow_run_id)
     return RunContext(
         run_id=run_id,

@@ -12,6 +12,7 @@ from mazerl.cluster.errors import ConfigError
 from mazerl.cluster.probe import check_model_dir, read_probe, remove_probe, write_probe
 from mazerl.cluster.report import CheckRow, ClusterNotReadyError, ClusterReport
 from mazerl.cluster.verify import requirements_for, verify_cluster
+from mazerl.merge.memory import merge_memory
 from mazerl.training.config import TrainConfig
 
 # The probe job through Ray's job client, on the Ray the image ships too (`make test-image-stack`).
@@ -69,6 +70,7 @@ def test_embedded_default_passes_against_the_local_head(local_ray_head, tmp_path
         data_root=str(config.data_root),
         base_model=str(config.base_model),
         eval_set="maze256-small-v1",
+        merge_memory=merge_memory,
         **requirements_for(config),
     )
     assert report.ok, report.markdown()

@@ -263,10 +263,10 @@ def test_kills_between_a_checkpoint_and_its_metrics_row_leave_every_step_logged_
 ):
     from mlflow.tracking import MlflowClient
 
-    from mazerl.tracking.store import default_tracking_uri
+    from mazerl.paths import mlflow_db_uri
 
     # Given a 6-step run with a checkpoint every 2 steps, logging to MLflow and metrics.jsonl,
-    uri = default_tracking_uri(mlflow_root)
+    uri = mlflow_db_uri(mlflow_root)
     client = MlflowClient(uri)
     mlflow_run = client.create_run(client.create_experiment("kills")).info.run_id
     config = tiny_config(
@@ -583,8 +583,8 @@ def test_ray_head_gone_when_the_train_stage_starts_is_a_retryable_error_naming_t
 
     from mazerl.cluster.errors import RetryableJobError
     from mazerl.params import PipelineParams
+    from mazerl.paths import mlflow_db_uri
     from mazerl.tracking.lineage import start_pipeline_run
-    from mazerl.tracking.store import default_tracking_uri
     from tasks.context import RunContext
     from tasks.jobs import retry_on_infrastructure
     from tasks.training import train
@@ -592,7 +592,7 @@ def test_ray_head_gone_when_the_train_stage_starts_is_a_retryable_error_naming_t
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         address = f"http://127.0.0.1:{probe.getsockname()[1]}"  # closed again: the head is gone
-    uri = default_tracking_uri(mlflow_root)
+    uri = mlflow_db_uri(mlflow_root)
     runs = start_pipeline_run(uri, flow_run_id="gone-head")
     params = PipelineParams.model_validate(
         {"base_model": str(starter_model_dir), "data_root": str(mlflow_root), "ray_address": address}

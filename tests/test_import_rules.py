@@ -4,100 +4,96 @@ Every module of ``envs``, ``mazerl``, ``tasks``, ``flows`` and ``cli`` is parsed
 every import in it, at module level or inside a function, is resolved to the project unit it
 names (a top-level package, or ``mazerl.<package>`` / ``mazerl.<module>`` inside the library).
 A unit may import only the units :data:`RULES` lists for it, and never the third-party libraries
-:data:`NEVER` lists. The library's units, minus the edges in :data:`KNOWN_CYCLE_EDGES`, must form
-no cycle, so the layers of docs/architecture.md stay layers.
+:data:`NEVER` lists. The library's units must form no cycle, so the layers of
+docs/architecture.md stay layers.
 
-To change a rule, change the table here and the table in docs/architecture.md together.
+The rules have one home: the table under "## Import rules" in docs/architecture.md, which this
+module reads (:func:`rules_table`). To change a rule, change that table.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ROOTS = ("envs", "mazerl", "tasks", "flows", "cli")
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+HELPERS = "helpers"  # the table's name for the small modules directly in mazerl/ that have no row of their own
+THIRD_PARTY = {"torch", "transformers", "peft", "vllm", "ray", "mlflow", "prefect"}
 
-# A library package's command-line module (``mazerl eval``, ``build-starter``, ``ui``, ``ray``): a
-# front end of its package, which may also use the flag checks of mazerl.preflight. Only cli.main
-# imports one, so they count as one unit of their own.
-COMMANDS = "mazerl.<package>.cli"
 
-BASE = {
-    "mazerl",
-    "mazerl.eval_files",
-    "mazerl.paths",
-    "mazerl.progress",
-    "mazerl.run_clock",
-    "mazerl.atomic",
-    "mazerl.process_lock",
-    "mazerl.fingerprint",
-    "mazerl.upstream_warnings",
-    "mazerl.input_files",
-}
-LOW = {"envs"} | BASE
-LIBRARY = BASE | {
-    "mazerl.policy",
-    "mazerl.tracking",
-    "mazerl.cluster",
-    "mazerl.starter",
-    "mazerl.evaluation",
-    "mazerl.training",
-    "mazerl.merge",
-    "mazerl.reporting",
-    "mazerl.params",
-    "mazerl.preflight",
-}
+def library_units() -> set[str]:
+    """``mazerl`` itself, and each package and module directly in ``mazerl/``."""
+    library = REPO / "mazerl"
+    packages = {path.parent.name for path in library.glob("*/__init__.py")}
+    modules = {path.stem for path in library.glob("*.py") if path.name != "__init__.py"}
+    return {"mazerl"} | {f"mazerl.{name}" for name in packages | modules}
 
-# unit -> the project units it may import (besides itself), lowest layer first.
-RULES: dict[str, set[str]] = {
-    "envs": set(),  # the maze world imports nothing of the project
-    **{unit: BASE for unit in BASE},  # small helpers: paths, progress lines, atomic writes, digests
-    "mazerl.policy": LOW,  # the policy runtime: loader, chat, engines, episodes
-    "mazerl.tracking": LOW,  # MLflow only: never training, policy, merge, starter, evaluation, cluster
-    "mazerl.cluster": LOW,  # Ray: the local head, jobs, checks (see KNOWN_CYCLE_EDGES)
-    "mazerl.starter": LOW | {"mazerl.policy"},
-    "mazerl.evaluation": LOW | {"mazerl.policy", "mazerl.starter", "mazerl.cluster"},
-    "mazerl.training": LOW
-    | {"mazerl.policy", "mazerl.starter", "mazerl.tracking", "mazerl.evaluation", "mazerl.cluster"},
-    "mazerl.merge": LOW | {"mazerl.policy", "mazerl.starter", "mazerl.training", "mazerl.tracking"},
-    # the pipeline's outcomes in MLflow: eval reports into stage runs, the conclusion and promotion
-    "mazerl.reporting": LOW | {"mazerl.tracking", "mazerl.evaluation", "mazerl.training", "mazerl.cluster"},
-    "mazerl.params": LOW | {"mazerl.training"},
-    "mazerl.preflight": LOW | {"mazerl.params", "mazerl.policy", "mazerl.starter", "mazerl.training", "mazerl.cluster"},
-    COMMANDS: LOW | LIBRARY,
-    "tasks": LOW | LIBRARY,  # one library call per Prefect task
-    "flows": LOW | LIBRARY | {"tasks"},  # composition only
-    "cli": LOW | LIBRARY | {COMMANDS, "flows"},  # `mazerl`: the commands, and `mazerl run` starts the flow
-}
 
-# unit -> third-party libraries it must never import (at any level).
-HEAVY = {"torch", "transformers", "peft", "vllm", "ray", "mlflow", "prefect"}
-NEVER: dict[str, set[str]] = {
-    "envs": HEAVY,  # numpy + Pillow (and skyrl-gym for its adapter)
-    **{unit: {"prefect"} for unit in LIBRARY | {COMMANDS}},  # the library is plain Python: no Prefect
-    "mazerl.policy": {"prefect", "mlflow", "ray"},
-    "mazerl.tracking": {"prefect", "ray"},
-}
+def _unit_named(cell: str) -> str:
+    """A row's first cell as a unit: `envs/` -> envs, `mazerl/policy/` -> mazerl.policy, `mazerl/params.py`
+    -> mazerl.params, "`mazerl` helper modules" -> the helpers."""
+    if cell == "`mazerl` helper modules":
+        return HELPERS
+    match = re.fullmatch(r"`([\w/.]+?)/?`", cell)
+    if not match:
+        raise ValueError(f"docs/architecture.md's import rules: {cell!r} names no unit")
+    return match.group(1).removesuffix(".py").replace("/", ".")
 
-# Edges that close a cycle between library packages today: (module, imported module, why it is
-# still there). Each is a layering bug to remove; the test fails once one is gone, so the list
-# stays true (delete the line then).
-KNOWN_CYCLE_EDGES = {
-    (
-        "mazerl.cluster.submitter",
-        "mazerl.training.progress",
-        "the submitter watches a job's `step N/M:` lines with training.progress's parser, while training "
-        "imports cluster.metrics: the step-line format belongs below both (issue 12 point 5, the step-log regex)",
-    ),
-    (
-        "mazerl.cluster.verify",
-        "mazerl.merge.memory",
-        "verify_cluster's ray.merge_memory row asks the merge for its memory need, while merge imports "
-        "training (checkpoints) and training imports cluster",
-    ),
-}
+
+def _units_allowed(cell: str, unit: str) -> set[str]:
+    """A row's "may import" cell as units: `envs`, `policy` (mazerl.policy), helpers, the library."""
+    allowed: set[str] = set()
+    for word in (part.strip() for part in cell.split(",")):
+        if word == "nothing of the project":
+            continue
+        elif word == "each other" and unit == HELPERS or word == "helpers":
+            allowed.add(HELPERS)
+        elif word == "the library":
+            allowed |= {"the library"}
+        elif match := re.fullmatch(r"`(\w+)`", word):
+            name = match.group(1)
+            allowed.add(name if name in ROOTS else f"mazerl.{name}")
+        else:
+            raise ValueError(f"docs/architecture.md's import rules: {word!r} (row {unit}) is no unit")
+    return allowed
+
+
+def _libraries_refused(cell: str, unit: str) -> set[str]:
+    refused = {word.strip().lower() for word in cell.split(",") if word.strip() not in ("", "-")}
+    unknown = refused - THIRD_PARTY
+    if unknown:
+        raise ValueError(
+            f"docs/architecture.md's import rules: {sorted(unknown)} (row {unit}) are not in {THIRD_PARTY}"
+        )
+    return refused
+
+
+def rules_table() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """(may import, never imports) per unit, from the first table under "## Import rules"."""
+    section = ARCHITECTURE.read_text().split("\n## Import rules\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")][2:]  # past the header and its rule
+    library = library_units()
+    helpers = library - {_unit_named(row.split(" | ")[0].removeprefix("| ")) for row in rows}
+    may, never = {}, {}
+    for row in rows:
+        first, allowed, refused = (cell.strip() for cell in row.strip("| ").split(" | "))
+        unit = _unit_named(first)
+        may[unit], never[unit] = _units_allowed(allowed, unit), _libraries_refused(refused, unit)
+    expand = {HELPERS: helpers, "the library": library}
+    rules = {unit: set().union(*(expand.get(name, {name}) for name in allowed)) for unit, allowed in may.items()}
+    for unit in helpers:  # the helpers' row holds for each of them
+        rules[unit], never[unit] = rules[HELPERS], never[HELPERS]
+    del rules[HELPERS], never[HELPERS]
+    return rules, never
+
+
+# unit -> the project units it may import (besides itself); unit -> the third-party libraries it never imports.
+RULES, NEVER = rules_table()
+LIBRARY = library_units()
 
 
 @dataclass(frozen=True)
@@ -141,8 +137,6 @@ def unit_of(module: str) -> str:
     parts = module.split(".")
     if parts[0] != "mazerl":
         return parts[0]
-    if len(parts) > 2 and (parts[-1] == "cli" or parts[-1].endswith("_cli")):
-        return COMMANDS
     return ".".join(parts[:2])
 
 
@@ -158,10 +152,9 @@ def test_every_unit_has_a_rule():
 
 
 def test_every_project_import_is_allowed_by_the_rules():
-    known = {(module, target) for module, target, _ in KNOWN_CYCLE_EDGES}
     broken = []
     for found in all_imports():
-        if found.target.split(".")[0] not in ROOTS or (found.module, found.target) in known:
+        if found.target.split(".")[0] not in ROOTS:
             continue
         source, target = unit_of(found.module), unit_of(found.target)
         if source != target and target not in RULES[source]:
@@ -179,17 +172,12 @@ def test_no_unit_imports_a_library_it_must_never_import():
 
 
 def test_the_library_packages_form_layers_without_cycles():
-    known = {(module, target) for module, target, _ in KNOWN_CYCLE_EDGES}
+    # No exception: every import of one library unit from another runs down the layers.
     graph: dict[str, set[str]] = {unit: set() for unit in LIBRARY}
-    seen = set()
     for found in all_imports():
         source, target = unit_of(found.module), unit_of(found.target)
-        if (found.module, found.target) in known:
-            seen.add((found.module, found.target))
-        elif source in LIBRARY and target in LIBRARY and source != target:
+        if source in LIBRARY and target in LIBRARY and source != target:
             graph[source].add(target)
-    gone = sorted(known - seen)
-    assert not gone, f"{gone} no longer import each other: delete them from KNOWN_CYCLE_EDGES"
     # depth-first search; a back edge is a cycle
     state: dict[str, str] = {}
 
@@ -206,6 +194,16 @@ def test_the_library_packages_form_layers_without_cycles():
     for unit in sorted(graph):
         if unit not in state:
             visit(unit, [unit])
+
+
+def test_the_rules_are_read_from_the_architecture_page():
+    # The table's rows as this test reads them: the layer order of docs/architecture.md, and Prefect
+    # nowhere in the library.
+    assert RULES["envs"] == set() and NEVER["envs"] == THIRD_PARTY
+    assert "mazerl.paths" in RULES["mazerl.policy"] and "mazerl.training" not in RULES["mazerl.policy"]
+    assert RULES["mazerl.atomic"] == RULES["mazerl.paths"] and "mazerl.params" not in RULES["mazerl.paths"]
+    assert RULES["tasks"] >= LIBRARY and "flows" not in RULES["tasks"] and "tasks" not in RULES["cli"]
+    assert all("prefect" in NEVER[unit] for unit in LIBRARY), sorted(u for u in LIBRARY if "prefect" not in NEVER[u])
 
 
 def test_the_rules_catch_a_forbidden_import(tmp_path):

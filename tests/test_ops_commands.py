@@ -80,10 +80,11 @@ def test_ray_stop_stops_the_head_a_deployment_run_left_up_and_never_one_in_use(t
 
 @pytest.mark.slow
 def test_mazerl_ui_serves_the_embedded_store_and_prints_the_runs_table_link(mlflow_root):
-    from mazerl.tracking.store import default_tracking_uri, ensure_experiment
+    from mazerl.paths import mlflow_db_uri
+    from mazerl.tracking.store import ensure_experiment
 
     # Given an embedded store with the pipeline's experiment,
-    experiment_id = ensure_experiment(default_tracking_uri(mlflow_root), "vlm-maze-grpo")
+    experiment_id = ensure_experiment(mlflow_db_uri(mlflow_root), "vlm-maze-grpo")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -120,7 +121,7 @@ def test_mazerl_ui_serves_the_embedded_store_and_prints_the_runs_table_link(mlfl
 
 
 def test_mazerl_ui_refuses_a_port_in_use_and_takes_a_free_one_when_none_was_asked_for(mlflow_root, monkeypatch):
-    from mazerl.tracking import ui_cli
+    from cli import ui as ui_cli
 
     with socket.socket() as busy:  # another program on the port
         busy.bind(("127.0.0.1", 0))

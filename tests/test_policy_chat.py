@@ -5,6 +5,7 @@ import pytest
 
 from envs.maze import MazeEnv, action_text
 from mazerl.policy.chat import ChatError, Conversation, end_of_turn_id, image_token_id, model_inputs, render
+from mazerl.policy.context_mode import ContextModeError
 from mazerl.policy.loader import load_processor
 
 CELLS = 49  # 7x7 world at 16 px with 16 px patches and no merging: one image token per cell
@@ -87,7 +88,7 @@ def test_history_images_keeps_the_last_k_frames_and_the_text_of_older_turns(proc
 @pytest.mark.parametrize("bad", [0, -1, "last", None, 1.5])
 def test_bad_history_images_is_refused_with_the_fix(processor, bad):
     conversation, _ = play(processor, 0)
-    with pytest.raises(ChatError, match="history_images"):
+    with pytest.raises(ContextModeError, match="history_images"):
         render(processor, conversation, history_images=bad)
 
 
@@ -172,7 +173,7 @@ def test_history_text_k_keeps_the_prompt_and_the_last_k_exchanges(processor, his
 @pytest.mark.parametrize("bad", [-1, "last", None, 1.5, True])
 def test_bad_history_text_is_refused_with_the_fix(processor, bad):
     conversation, _ = play(processor, 0)
-    with pytest.raises(ChatError, match="history_text"):
+    with pytest.raises(ContextModeError, match="history_text"):
         render(processor, conversation, history_images=1, history_text=bad)
 
 
@@ -213,5 +214,5 @@ def test_history_text_feedback_adds_the_last_feedback_line_only_after_a_reply_th
 
 def test_history_text_feedback_with_more_than_one_frame_is_refused_with_the_fix(processor):
     conversation, _ = play(processor, 1)
-    with pytest.raises(ChatError, match="history_images: 1"):
+    with pytest.raises(ContextModeError, match="history_images: 1"):
         render(processor, conversation, history_images=2, history_text="feedback")

@@ -9,6 +9,7 @@ from PIL import Image
 
 from envs.evalset import load as load_eval_set
 from envs.maze import optimal_moves, solve
+from mazerl import paths
 from mazerl.evaluation.evaluate import EvalReport
 from mazerl.tracking import artifacts, lineage, registry, store
 from mazerl.tracking.registry import CHAMPION, RegistryError, promote
@@ -16,7 +17,7 @@ from mazerl.tracking.registry import CHAMPION, RegistryError, promote
 
 @pytest.fixture
 def uri(mlflow_root):
-    return store.default_tracking_uri(mlflow_root)
+    return paths.mlflow_db_uri(mlflow_root)
 
 
 def merged_model_source(uri, tmp_path) -> tuple[str, str]:
@@ -27,7 +28,7 @@ def merged_model_source(uri, tmp_path) -> tuple[str, str]:
     model = tmp_path / f"merged-{run_id}"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    artifacts.log_dir_artifacts(uri, run_id, model, "merged_model")
+    store.client_for(uri).log_artifacts(run_id, str(model), "merged_model")
     return artifacts.artifact_uri(uri, run_id, "merged_model"), run_id
 
 

@@ -1,6 +1,7 @@
 """Frames: size, colours at cell centres, the agent disc, data URIs and GIFs."""
 
 import numpy as np
+from image_uris import image_from_data_uri
 from PIL import Image
 
 from envs.maze import Layout, MazeEnv, solve
@@ -12,7 +13,6 @@ from envs.render import (
     WALL_RGB,
     episode_caption,
     episode_gif,
-    image_from_data_uri,
     png_data_uri,
 )
 

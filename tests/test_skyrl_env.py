@@ -1,10 +1,10 @@
 """The skyrl-gym adapter, driven through the real skyrl-gym registry."""
 
 import skyrl_gym
+from image_uris import image_from_data_uri
 
 from envs.evalset import load
 from envs.maze import Layout, solve
-from envs.render import image_from_data_uri
 from envs.skyrl_env import ENV_ID, register_maze_env
 
 

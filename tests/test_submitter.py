@@ -20,13 +20,9 @@ from pathlib import Path
 import pytest
 
 from mazerl.cluster.errors import ConfigError, JobConfigError, RetryableJobError
-from mazerl.cluster.submitter import (
-    RayJob,
-    local_runtime_env,
-    module_entrypoint,
-    runtime_env_for,
-    submission_id_for,
-)
+from mazerl.cluster.job_spec import local_runtime_env, module_entrypoint, runtime_env_for, submission_id_for
+from mazerl.cluster.submitter import RayJob
+from mazerl.training.progress import TrainingProgress
 
 # Ray's job client against a Ray head, on the Ray the image ships too (`make test-image-stack`).
 pytestmark = pytest.mark.image_stack
@@ -337,7 +333,9 @@ def test_a_reattached_job_without_a_record_is_followed_from_its_start_and_says_s
 
 def test_hung_job_is_stopped_and_reported_retryable(local_ray_head, scripts):
     run = run_id()
-    running = job(local_ray_head, scripts / "hang.py", run=run, hang_timeout_s=3.0, poll_s=0.25)
+    running = job(
+        local_ray_head, scripts / "hang.py", run=run, hang_timeout_s=3.0, progress_probe=TrainingProgress(), poll_s=0.25
+    )
     started = time.monotonic()
     with pytest.raises(RetryableJobError, match="hung") as caught, running:
         running.wait()
@@ -434,7 +432,7 @@ def test_a_training_job_runs_a_module_entrypoint_with_the_config(local_ray_head,
     """The real entrypoint shape, ``exec python -m <module> --config <file>``: plain ``python`` must be
     this venv's interpreter on the head, the job must import this checkout's code, and no shell
     stays between Ray and the module (a wrapper killed alone would orphan the trainer)."""
-    from mazerl.cluster.submitter import project_root
+    from mazerl.cluster.job_spec import project_root
 
     (tmp_path / "fake_entry.py").write_text(
         textwrap.dedent(

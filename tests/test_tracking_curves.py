@@ -9,7 +9,8 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
-from mazerl.tracking import curves, lineage, store
+from mazerl import paths
+from mazerl.tracking import curves, lineage
 
 TAB_RED = np.array([214, 39, 40])  # matplotlib's tab:red, the final-eval star
 
@@ -103,7 +104,7 @@ def test_the_curve_says_which_mazes_each_series_was_measured_on(tmp_path, monkey
 
 
 def test_log_learning_curve_from_the_train_run(mlflow_root, tmp_path):
-    uri = store.default_tracking_uri(mlflow_root)
+    uri = paths.mlflow_db_uri(mlflow_root)
     runs = lineage.start_pipeline_run(uri)
     now = int(time.time() * 1000)
     metrics = [Metric("train/success_rate", 0.1 * step, now + step, step) for step in range(1, 4)]

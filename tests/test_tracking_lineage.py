@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from envs.evalset import EvalSetError, path_for
 from envs.render import episode_gif
+from mazerl import paths
 from mazerl.tracking import evals, lineage, params, store
 from mazerl.tracking.evals import EvalReportError
 from mazerl.tracking.lineage import STAGES
@@ -25,7 +26,7 @@ def client_of(uri):
 
 @pytest.fixture
 def uri(mlflow_root):
-    return store.default_tracking_uri(mlflow_root)
+    return paths.mlflow_db_uri(mlflow_root)
 
 
 def all_runs(uri, experiment_id):

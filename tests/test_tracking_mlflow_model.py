@@ -14,16 +14,17 @@ import torch
 from mlflow.models import Model
 from mlflow.tracking import MlflowClient
 
+from mazerl import paths
 from mazerl.merge.proofs import probe_contexts
 from mazerl.policy.loader import load_policy, load_processor
-from mazerl.tracking import lineage, mlflow_model, registry, store
+from mazerl.tracking import lineage, mlflow_model, registry
 from mazerl.tracking.mlflow_model import input_example, write_mlflow_model
 
 
 @pytest.fixture
 def uri(mlflow_root):
     """The store, also as MLflow's current tracking URI: ``models:/`` URIs resolve against it."""
-    uri = store.default_tracking_uri(mlflow_root)
+    uri = paths.mlflow_db_uri(mlflow_root)
     before = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(uri)
     yield uri

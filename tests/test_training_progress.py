@@ -18,14 +18,9 @@ import pytest
 
 from mazerl.cluster.errors import RetryableJobError
 from mazerl.cluster.submitter import RayJob
+from mazerl.progress import annotate_step_line, parse_step_line, step_line
 from mazerl.training import checkpoints
-from mazerl.training.progress import (
-    TrainingProgress,
-    annotate_step_line,
-    parse_step_line,
-    step_line,
-    tracker_hook,
-)
+from mazerl.training.progress import TrainingProgress, tracker_hook
 
 CAPTURED = Path(__file__).parent / "data" / "skyrl_mlflow_job_log.txt"
 
@@ -155,6 +150,7 @@ def replay_job(head, script: Path, gap_s: float, stall_after: int, hang_timeout_
         headers=head.auth_headers(),
         log=lambda _line: None,
         hang_timeout_s=hang_timeout_s,
+        progress_probe=TrainingProgress(),
         poll_s=0.25,
     )
 

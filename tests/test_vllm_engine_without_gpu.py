@@ -27,7 +27,6 @@ from mazerl.policy.vllm_engine import (
     banned_token_ids,
     collapse_image_pads,
     engine_kwargs,
-    expand_image_pads,
     load_vllm_api,
     lora_rank_slot,
     result_from_output,
@@ -38,6 +37,15 @@ from mazerl.policy.vllm_engine import (
 
 # The processor inputs the vLLM engine builds with transformers, on the image's transformers too (`make test-image-stack`).
 pytestmark = pytest.mark.image_stack
+
+
+def expand_image_pads(input_ids: list[int], image_pad_id: int, tokens_per_image: list[int]) -> list[int]:
+    """The inverse of :func:`mazerl.policy.vllm_engine.collapse_image_pads`: what vLLM's prompt update does to a token prompt."""
+    expanded: list[int] = []
+    images = iter(tokens_per_image)
+    for token in input_ids:
+        expanded += [token] * next(images) if token == image_pad_id else [token]
+    return expanded
 
 
 @pytest.fixture(scope="module")

@@ -45,13 +45,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import inspect
-import ipaddress
 import json
 import logging
 import os
 import secrets
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -64,10 +62,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mazerl.atomic import write_json
+from mazerl.cluster.loopback import LOOPBACK, free_ports, is_loopback_ip, port_free
 
 log = logging.getLogger(__name__)
 
-LOOPBACK = "127.0.0.1"
 DEFAULT_DASHBOARD_PORT = 8265
 REGISTRY_NAME = "mazerl_head.json"
 TOKEN_NAME = "mazerl_auth_token"
@@ -494,9 +492,9 @@ def _start(
         raise ValueError(f"object_store_mb ({object_store_mb}) must be >= 80 (Ray's minimum is 75 MiB)")
     token_path = temp / TOKEN_NAME
     _write_secret(token_path, secrets.token_hex(32))
-    spare, gcs_port, client_port, metrics_port, agent_port = _free_ports(5)
+    spare, gcs_port, client_port, metrics_port, agent_port = free_ports(5)
     if dashboard_port is None:
-        dashboard_port = DEFAULT_DASHBOARD_PORT if _port_free(DEFAULT_DASHBOARD_PORT) else spare
+        dashboard_port = DEFAULT_DASHBOARD_PORT if port_free(DEFAULT_DASHBOARD_PORT) else spare
     elif dashboard_port == 0:
         dashboard_port = spare
     command = [
@@ -667,43 +665,6 @@ def _process_group_alive(pgid: int) -> bool:
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
-
-
-def is_loopback_ip(address: str | None) -> bool:
-    """True for an IP address of 127.0.0.0/8 (or ::1); False for anything else, names included."""
-    try:
-        return ipaddress.ip_address(address or "").is_loopback
-    except ValueError:
-        return False
-
-
-def is_loopback_host(host: str | None) -> bool:
-    """True for a host on this machine: ``localhost`` or a loopback IP address (:func:`is_loopback_ip`).
-
-    The one home of "is this address local": the embedded head checks its node IP with it, the
-    submitter whether a job's cluster shares this machine's files.
-    """
-    return host == "localhost" or is_loopback_ip(host)
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((LOOPBACK, port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct free loopback ports. The probe sockets stay bound until all are
-    picked: closing each before asking for the next let the kernel hand out the same port twice,
-    and Ray refuses to start when two of its components share one."""
-    with contextlib.ExitStack() as stack:
-        probes = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
-        for probe in probes:
-            probe.bind((LOOPBACK, 0))
-        return [probe.getsockname()[1] for probe in probes]
 
 
 def _tail(path: Path, lines: int = 20) -> str:

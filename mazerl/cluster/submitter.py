@@ -28,10 +28,10 @@ What it guarantees (design section 4):
   :class:`JobConfigError`, never retried. Any other failure, STOPPED, a job that vanished, an
   address that stops answering (for longer than ``unreachable_grace_s``) ->
   :class:`RetryableJobError` naming the address; the training retry resumes from its checkpoint.
-- **Hung jobs are stopped.** With ``hang_timeout_s``, a RUNNING job whose progress probe
-  (default: :class:`~mazerl.training.progress.TrainingProgress`, the last ``step N/M:`` line
-  both training backends print) does not advance for that long is stopped and reported as
-  retryable "hung". Works on any Ray cluster.
+- **Hung jobs are stopped.** With ``hang_timeout_s``, a RUNNING job whose ``progress_probe``
+  (the caller's: the train stage gives :class:`~mazerl.training.progress.TrainingProgress`, the
+  last ``step N/M:`` line both training backends print) does not advance for that long is
+  stopped and reported as retryable "hung". Works on any Ray cluster.
 - **An expired HyperPod session is renewed.** The ``sagemaker_ray://`` toolkit fetches its
   dashboard cookie once, when the client is built; a long wait outlives it. A 401/403 while
   following a job on such an address rebuilds the client (the toolkit signs in again) and goes
@@ -50,6 +50,8 @@ What it guarantees (design section 4):
 Code on the cluster: ``runtime_env="auto"`` (the default) gives a head on this machine
 (127.0.0.1/localhost) ``PYTHONPATH=<this checkout>`` so the job runs exactly the caller's
 code; a remote cluster gets no runtime env because its image has the project installed.
+The ids, metadata keys, entrypoints and runtime envs live in :mod:`mazerl.cluster.job_spec`;
+following the job's log in :mod:`mazerl.cluster.job_log`.
 
 Secrets: the runtime env is never logged here, but Ray stores it with the job and may log
 it, so tokens belong in the cluster's environment (Kubernetes Secrets), not in ``env_vars``.
@@ -61,66 +63,44 @@ A job that cannot be placed stays PENDING until Ray gives up on it
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import json
 import logging
 import queue
 import re
-import shlex
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlparse
 
 from mazerl.atomic import write_json
 from mazerl.cluster.client import job_client, parse_address
 from mazerl.cluster.errors import ClusterAccessError, ConfigError, JobConfigError, JobConflictError, RetryableJobError
-from mazerl.cluster.ray_local import is_loopback_host
-from mazerl.training.progress import TrainingProgress
+from mazerl.cluster.job_log import LogFollower
+from mazerl.cluster.job_spec import (
+    ACTIVE,
+    IDENTITY_MATCH,
+    META_ATTEMPT,
+    META_IDENTITY_PREFIX,
+    META_MEMORY,
+    META_RUN,
+    META_STAGE,
+    TERMINAL,
+    job_status,
+    merged_runtime_env,
+    runtime_env_for,
+    submission_id_for,
+)
 
 logger = logging.getLogger(__name__)
 
-META_RUN = "mazerl_pipeline_run"
-META_STAGE = "mazerl_stage"
-META_ATTEMPT = "mazerl_attempt"
-META_IDENTITY_PREFIX = "mazerl_id_"  # identity keys, e.g. mazerl_id_config_digest, mazerl_id_data_root
-IDENTITY_MATCH = ("config_digest", "data_root")  # what makes another run's job the same training
-META_MEMORY = "mazerl_entrypoint_memory"  # the bytes of memory the job asked Ray for
-ACTIVE = frozenset({"PENDING", "RUNNING"})
-TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 CONFIG_ERROR_EXIT_CODE = 2
-_ID_CHARS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _EXIT_CODE = re.compile(r"exit code (-?\d+)")
 _AUTH_REFUSED = re.compile(r"status code 40[13]\b")  # Ray's job client: "Request failed with status code 401"
 SESSION_MIN_S = 10.0  # a session refused sooner than this after renewal was not an expiry
 
 LogFn = Callable[[str], None]
-# Terminal control sequences (colours, cursor moves) that Ray and libraries write into job output;
-# a log file or Prefect's UI shows them as raw "[36m" noise.
-_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-
-
-def plain_text(line: str) -> str:
-    """``line`` as a terminal would leave it: no control sequences, and of a line redrawn with carriage
-    returns (a library's progress bar, e.g. transformers' "Writing model shards") only its last state."""
-    return _ANSI_ESCAPE.sub("", line).rsplit("\r", 1)[-1]
-
-
-class _NormalWebsocketClose(logging.Filter):
-    """Drops Ray's "WebSocket closed for job ... with close code 1000": the log stream's normal end,
-    which Ray's job client logs at INFO for every job (other close codes still get through)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not (message.startswith("WebSocket closed for job") and message.endswith("close code 1000"))
-
-
-logging.getLogger("ray.dashboard.modules.job.sdk").addFilter(_NormalWebsocketClose())
 
 
 @dataclass(frozen=True)
@@ -135,78 +115,6 @@ class JobOutcome:
     log_lines: int
     message: str
     metadata: dict[str, str] = field(default_factory=dict)  # the followed job's (another run's, if re-attached)
-
-
-# --- ids, entrypoints, runtime envs ------------------------------------------------------
-
-
-def submission_id_for(pipeline_run_id: str, attempt: int, stage: str = "train") -> str:
-    """``mazerl-<pipeline run>-<stage>-a<attempt>``: the same inputs always give the same id."""
-    if not isinstance(pipeline_run_id, str) or not _ID_CHARS.match(pipeline_run_id):
-        raise ConfigError(
-            f"pipeline_run_id ({pipeline_run_id!r}) must be 1-100 characters of letters, digits, '_', '.', '-' "
-            "(e.g. the Prefect flow-run id)"
-        )
-    if not isinstance(stage, str) or not _ID_CHARS.match(stage):
-        raise ConfigError(f"stage ({stage!r}) must be a short name of letters, digits, '_', '.', '-'")
-    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
-        raise ConfigError(f"attempt ({attempt!r}) must be an integer >= 1 (the Prefect task's run count)")
-    return f"mazerl-{pipeline_run_id}-{stage}-a{attempt}"
-
-
-def module_entrypoint(module: str, config_path: str | Path, python: str = "python") -> str:
-    """``exec python -m <module> --config <file>``: how every mazerl job is started.
-
-    Ray runs an entrypoint through ``/bin/sh -c``; ``exec`` makes that shell *become* the
-    module's process. Without it the shell stays as a wrapper: killed alone, it ends the job
-    (FAILED, retried) while the trainer under it runs on as an orphan that Ray's stop no longer
-    reaches, and the retry would start a second trainer on the same checkpoints.
-    """
-    if not isinstance(module, str) or not _MODULE.match(module):
-        raise ConfigError(
-            f"entrypoint_module ({module!r}) must be a dotted module name, e.g. mazerl.training.local_entry"
-        )
-    if not str(config_path).strip():
-        raise ConfigError("config_path is empty: give the path of the training config file as the cluster sees it")
-    return f"exec {python} -m {module} --config {shlex.quote(str(config_path))}"
-
-
-def project_root() -> Path:
-    """The directory that holds the ``mazerl`` and ``envs`` packages this process imports."""
-    import mazerl
-
-    return Path(mazerl.__file__).resolve().parent.parent
-
-
-def local_runtime_env() -> dict[str, Any]:
-    """Runtime env for the embedded local head: the job imports exactly the code the caller runs.
-
-    ``PYTHONPATH`` to the project root rather than ``working_dir``: the head shares this
-    machine's file system, so nothing is zipped or uploaded (a working_dir upload would also
-    sweep up the data root and is capped at 100 MiB). A cluster image has the project
-    installed and needs no runtime env for it.
-    """
-    return {"env_vars": {"PYTHONPATH": str(project_root())}}
-
-
-def runtime_env_for(address: str) -> dict[str, Any] | None:
-    """The ``"auto"`` runtime env: a head on this machine (localhost, 127.0.0.0/8, ::1) shares its files,
-    so point PYTHONPATH at our code; a remote cluster runs its image's installed project."""
-    parsed = parse_address(address)
-    host = urlparse(parsed.value).hostname
-    return local_runtime_env() if not parsed.is_sagemaker and is_loopback_host(host) else None
-
-
-def _merged_runtime_env(runtime_env: dict[str, Any] | None, env_vars: dict[str, str] | None) -> dict[str, Any] | None:
-    if runtime_env is not None and not isinstance(runtime_env, dict):
-        raise ConfigError(f"runtime_env must be a dict (Ray's runtime_env), got {type(runtime_env).__name__}")
-    merged = dict(runtime_env or {})
-    if env_vars:
-        for key, value in env_vars.items():
-            if not isinstance(key, str) or not isinstance(value, str):
-                raise ConfigError(f"env_vars[{key!r}] must map str to str (got {type(value).__name__})")
-        merged["env_vars"] = {**dict(merged.get("env_vars") or {}), **env_vars}
-    return merged or None
 
 
 # --- the job ------------------------------------------------------------------------------
@@ -251,6 +159,11 @@ class RayJob:
             )
         if hang_timeout_s is not None and not hang_timeout_s > 0:
             raise ConfigError(f"hang_timeout_s ({hang_timeout_s}) must be > 0 seconds, or None to disable the watchdog")
+        if hang_timeout_s is not None and progress_probe is None:
+            raise ConfigError(
+                f"hang_timeout_s ({hang_timeout_s:g}) needs a progress_probe to watch, e.g. "
+                "mazerl.training.progress.TrainingProgress() for a training job, or hang_timeout_s=None"
+            )
         if not poll_s > 0 or unreachable_grace_s < 0:
             raise ConfigError(f"poll_s ({poll_s}) must be > 0 and unreachable_grace_s ({unreachable_grace_s}) >= 0")
         parsed = parse_address(address)
@@ -263,11 +176,11 @@ class RayJob:
         self.attempt = attempt
         self.stage = stage
         self.base_submission_id = submission_id_for(pipeline_run_id, attempt, stage)
-        self.runtime_env = _merged_runtime_env(runtime_env, env_vars)
+        self.runtime_env = merged_runtime_env(runtime_env, env_vars)
         self.headers = dict(headers) if headers else None
         self.log: LogFn = log or logger.info
         self.hang_timeout_s = hang_timeout_s
-        self.progress_probe = progress_probe or (TrainingProgress() if hang_timeout_s else None)
+        self.progress_probe = progress_probe
         self.poll_s = poll_s
         self.unreachable_grace_s = unreachable_grace_s
         self.entrypoint_num_gpus = entrypoint_num_gpus
@@ -281,7 +194,7 @@ class RayJob:
         self._client = None
         self._finished = False
         self._already_succeeded = False
-        self._follower: _LogFollower | None = None
+        self._follower: LogFollower | None = None
         self._recent: collections.deque[str] = collections.deque(maxlen=40)
         self._lines = 0
         self._started_at = time.monotonic()
@@ -320,11 +233,11 @@ class RayJob:
                 for j in jobs
                 if _meta(j).get(META_RUN) == self.pipeline_run_id and _meta(j).get(META_STAGE) == self.stage
             ]
-            active = sorted((j for j in mine if _status(j) in ACTIVE), key=lambda j: j.start_time or 0)
+            active = sorted((j for j in mine if job_status(j) in ACTIVE), key=lambda j: j.start_time or 0)
             if active:
                 return self._attach(active)
             done = next((j for j in mine if j.submission_id == self.base_submission_id), None)
-            if done is not None and _status(done) == "SUCCEEDED":
+            if done is not None and job_status(done) == "SUCCEEDED":
                 self.submission_id, self.reattached, self._already_succeeded = done.submission_id, True, True
                 self.metadata = _meta(done)
                 self.log(f"job {done.submission_id} at {self.address} already SUCCEEDED; not running it again")
@@ -335,7 +248,7 @@ class RayJob:
                     for j in jobs
                     if _meta(j).get(META_STAGE) == self.stage
                     and _meta(j).get(META_RUN) != self.pipeline_run_id
-                    and _status(j) in ACTIVE
+                    and job_status(j) in ACTIVE
                 ]
                 if others:
                     return self._attach_other_run(sorted(others, key=lambda j: j.start_time or 0))
@@ -371,7 +284,7 @@ class RayJob:
         if follow is not None:  # where the followed job writes (another run's directory, if re-attached)
             follow(self.metadata)
         skip = self._already_logged() if self.reattached else 0
-        self._follower = _LogFollower(self._client, self.submission_id, self.poll_s, skip_chars=skip)
+        self._follower = LogFollower(self._client, self.submission_id, self.poll_s, skip_chars=skip)
         self._follower.start()
         last_answer = time.monotonic()
         while True:
@@ -400,7 +313,7 @@ class RayJob:
                 last_answer = self._tolerate_outage(exc, last_answer, now)
                 time.sleep(self.poll_s)
                 continue
-            status = _status(info)
+            status = job_status(info)
             if status in TERMINAL:
                 break
             if status == "RUNNING":
@@ -422,7 +335,7 @@ class RayJob:
         try:
             stopped = self._client.stop_job(self.submission_id)
             deadline = time.monotonic() + wait_s
-            while _status(self._client.get_job_info(self.submission_id)) not in TERMINAL:
+            while job_status(self._client.get_job_info(self.submission_id)) not in TERMINAL:
                 if time.monotonic() > deadline:
                     logger.warning(
                         "Ray job %s at %s still not stopped after %.0f s", self.submission_id, self.address, wait_s
@@ -469,7 +382,7 @@ class RayJob:
             self.log(f"stopped duplicate Ray job {extra.submission_id} of pipeline run {self.pipeline_run_id}")
         self.submission_id, self.reattached, self.metadata = keep.submission_id, True, _meta(keep)
         self.log(
-            f"re-attached to {_status(keep)} Ray job {keep.submission_id} of pipeline run {self.pipeline_run_id} "
+            f"re-attached to {job_status(keep)} Ray job {keep.submission_id} of pipeline run {self.pipeline_run_id} "
             f"at {self.address} instead of submitting a second one"
         )
         return keep.submission_id
@@ -481,7 +394,7 @@ class RayJob:
             keep = same[-1]
             self.submission_id, self.reattached, self.metadata = keep.submission_id, True, _meta(keep)
             self.log(
-                f"re-attached to {_status(keep)} Ray job {keep.submission_id} of pipeline run "
+                f"re-attached to {job_status(keep)} Ray job {keep.submission_id} of pipeline run "
                 f"{_meta(keep).get(META_RUN)} at {self.address}: the same training (settings digest "
                 f"{self.identity.get('config_digest', '?')[:12]}, data root {self.identity.get('data_root')}) "
                 "started by an earlier flow run; following it instead of starting a second one"
@@ -495,7 +408,7 @@ class RayJob:
             else ", ".join(f"{k} {theirs.get(k)!r} vs ours {self.identity.get(k)!r}" for k in IDENTITY_MATCH)
         )
         raise JobConflictError(
-            f"Ray job {other.submission_id} ({_status(other)}, pipeline run {_meta(other).get(META_RUN)}) is another "
+            f"Ray job {other.submission_id} ({job_status(other)}, pipeline run {_meta(other).get(META_RUN)}) is another "
             f"mazerl {self.stage} job on {self.address} ({differs}); a second one would wait for the GPUs it holds "
             f"until Ray gives up. Let it finish, or stop it with: ray job stop {other.submission_id} --address "
             f"{self.address}; then retry this flow run (a retried flow run re-attaches to its own job; a new flow "
@@ -537,7 +450,7 @@ class RayJob:
         self._drain_logs()
         skip = self._follower.abandon() if self._follower is not None else 0
         self._client, self._session_renewed_at = client, now
-        self._follower = _LogFollower(self._client, self.submission_id, self.poll_s, skip_chars=skip)
+        self._follower = LogFollower(self._client, self.submission_id, self.poll_s, skip_chars=skip)
         self._follower.start()
         self.log(
             f"the session to {self.address} expired ({str(reason)[:80]}); signed in again, still following "
@@ -633,7 +546,7 @@ class RayJob:
             )
 
     def _map_final(self, info) -> JobOutcome:
-        status = _status(info)
+        status = job_status(info)
         if status == "SUCCEEDED":
             return self._outcome(status, info.message or "")
         tail = "\n".join(list(self._recent)[-20:])
@@ -681,22 +594,17 @@ def stop_pipeline_jobs(
     still stopping would take it for the same training and re-attach to it.
     """
     client = job_client(address, headers)
-    active = [j for j in client.list_jobs() if _meta(j).get(META_RUN) == pipeline_run_id and _status(j) in ACTIVE]
+    active = [j for j in client.list_jobs() if _meta(j).get(META_RUN) == pipeline_run_id and job_status(j) in ACTIVE]
     for job in active:
         client.stop_job(job.submission_id)
     deadline = time.monotonic() + wait_s
     for job in active:
-        while _status(client.get_job_info(job.submission_id)) not in TERMINAL and time.monotonic() < deadline:
+        while job_status(client.get_job_info(job.submission_id)) not in TERMINAL and time.monotonic() < deadline:
             time.sleep(0.2)
     return [job.submission_id for job in active]
 
 
 # --- helpers ------------------------------------------------------------------------------
-
-
-def _status(job) -> str:
-    status = job.status
-    return str(getattr(status, "value", status))
 
 
 def _meta(job) -> dict[str, str]:
@@ -722,94 +630,3 @@ def _exit_code(info) -> int | None:
         return int(code)
     match = _EXIT_CODE.search(info.message or "")
     return int(match.group(1)) if match else None
-
-
-class _LogFollower(threading.Thread):
-    """Follows a job's output into a queue of complete lines.
-
-    ``tail_job_logs`` (a websocket) is the cheap path for long jobs; if it fails (a proxy
-    without websockets, a head hiccup), poll ``get_job_logs`` and emit only what lies beyond
-    the characters already seen. The websocket closes a few seconds after the job ends, so
-    :meth:`finish` stops waiting for it and fetches the remainder itself.
-    """
-
-    def __init__(self, client, submission_id: str, poll_s: float, skip_chars: int = 0):
-        super().__init__(name=f"ray-logs-{submission_id}", daemon=True)
-        self.client = client
-        self.submission_id = submission_id
-        self.poll_s = poll_s
-        self.lines: queue.Queue[tuple[str, int]] = queue.Queue()  # (line, log offset just after it)
-        self.error: Exception | None = None
-        self._lock = threading.Lock()
-        self._abandoned = False
-        self._seen_chars = 0
-        self._skip = skip_chars  # characters an earlier follower of this job already handed out
-        self._handed_out = skip_chars  # log offset just after the last line handed out
-        self._partial = ""
-
-    def run(self) -> None:
-        try:
-            asyncio.run(self._tail())
-        except Exception as exc:  # noqa: BLE001 - fall back to polling below
-            self.error = exc
-            self._poll()
-
-    def finish(self, grace_s: float = 0.5) -> None:
-        """After the job ended: let the stream close by itself, else take the rest by one fetch."""
-        self.join(timeout=grace_s)
-        with self._lock:
-            self._abandoned = True
-            if self.is_alive():
-                try:
-                    text = self.client.get_job_logs(self.submission_id)
-                except Exception:  # noqa: BLE001 - the log tail is best effort once the job ended
-                    text = ""
-                if len(text) > self._seen_chars:
-                    self._take_locked(text[self._seen_chars :])
-            if self._partial:
-                self._handed_out += len(self._partial)
-                self.lines.put((plain_text(self._partial.rstrip("\r")), self._handed_out))
-                self._partial = ""
-
-    def abandon(self) -> int:
-        """Stop taking output (a new follower takes over); returns how many characters of the log
-        were handed out as complete lines, so the successor starts right after them."""
-        with self._lock:
-            self._abandoned = True
-            self._partial = ""
-            return self._handed_out
-
-    async def _tail(self) -> None:
-        async for chunk in self.client.tail_job_logs(self.submission_id):
-            if not self._take(chunk):
-                return
-
-    def _poll(self) -> None:
-        while True:
-            try:
-                text = self.client.get_job_logs(self.submission_id)
-                status = _status(self.client.get_job_info(self.submission_id))
-            except Exception:  # noqa: BLE001 - the main loop reports the outage
-                return
-            if len(text) > self._seen_chars and not self._take(text[self._seen_chars :]):
-                return
-            if status in TERMINAL:
-                return
-            time.sleep(self.poll_s)
-
-    def _take(self, chunk: str) -> bool:
-        with self._lock:
-            if self._abandoned:
-                return False
-            self._take_locked(chunk)
-            return True
-
-    def _take_locked(self, chunk: str) -> None:
-        self._seen_chars += len(chunk)
-        if self._skip:
-            dropped = min(self._skip, len(chunk))
-            chunk, self._skip = chunk[dropped:], self._skip - dropped
-        *complete, self._partial = (self._partial + chunk).split("\n")
-        for line in complete:
-            self._handed_out += len(line) + 1
-            self.lines.put((plain_text(line.rstrip("\r")), self._handed_out))

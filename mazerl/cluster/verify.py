@@ -20,8 +20,8 @@ The checks:
   is read back by the next), ``storage.free_space`` (free bytes under the data root on every
   node, against the run's peak footprint: :class:`DiskFootprint`), ``inputs.base_model``
   (config, weights, processor, tokenizer readable on a worker),
-  ``ray.merge_memory`` (a node whose Ray memory holds the merge job, see
-  :mod:`mazerl.merge.memory`).
+  ``ray.merge_memory`` (a node whose Ray memory holds the merge job; only when the caller
+  passes ``merge_memory``, the merge's own rule for its need, :func:`mazerl.merge.memory.merge_memory`).
 - ``gpu.*`` when a :class:`~mazerl.cluster.gpu_smoke.GpuSmoke` is given (the run uses GPUs): on
   every GPU worker, the compute capability against the image's torch, a flash-attn call, a
   one-token vLLM generate, a LoRA adapter through vLLM, as the run needs them.
@@ -42,19 +42,29 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from envs import evalset
 from mazerl.cluster.client import job_client, parse_address
 from mazerl.cluster.errors import ConfigError, RetryableJobError
 from mazerl.cluster.gpu_smoke import GPU_FREE_WAIT_S, GpuSmoke
 from mazerl.cluster.hyperpod import HyperPodAccessError, HyperPodClusterNotFound, check_hyperpod
+from mazerl.cluster.job_spec import TERMINAL, runtime_env_for
 from mazerl.cluster.probe import RESULT_PREFIX, node_name
 from mazerl.cluster.report import CheckRow, ClusterReport
-from mazerl.cluster.submitter import TERMINAL, runtime_env_for
-from mazerl.merge.memory import merge_memory
 
 GIB = 1024**3
+
+
+class MemoryNeed(Protocol):
+    """What a stage needs of one node's memory (the merge's :class:`mazerl.merge.memory.MemoryNeed`)."""
+
+    @property
+    def total_bytes(self) -> int: ...
+
+    def describe(self) -> str: ...
+
+
 HYPERPOD_ACCESS_HINT = (
     "The run goes on without HyperPod's node health (the Ray rows above decide readiness). To turn it on, "
     "give the flow-run pods' service account an EKS Pod Identity association with a role that allows "
@@ -192,6 +202,7 @@ def verify_cluster(
     hyperpod_region: str | None = None,
     sagemaker_client: Any = None,
     gpu_smoke: GpuSmoke | None = None,
+    merge_memory: Callable[[int], MemoryNeed] | None = None,
     timeout_s: float = 60.0,
     log: Callable[[str], None] | None = None,
 ) -> ClusterReport:
@@ -201,7 +212,9 @@ def verify_cluster(
     ``data_root`` is the path as the cluster's nodes see it (``/shared`` on HyperPod).
     ``required_free_bytes`` None: the run's ``footprint`` (:class:`DiskFootprint`, from
     :func:`requirements_for`) for the base model's weights as the probe found them; without a
-    footprint, the local backend's defaults (2 checkpoints kept, rank 32).
+    footprint, the local backend's defaults (2 checkpoints kept, rank 32). ``merge_memory``: the
+    merge's memory need for the base model's weight bytes as the probe found them (its task passes
+    :func:`mazerl.merge.memory.merge_memory`); None leaves out the ``ray.merge_memory`` row.
     """
     for name, value in (
         ("required_nodes", required_nodes),
@@ -242,7 +255,7 @@ def verify_cluster(
                 + _eval_rows(probe, eval_workers, eval_gpus_per_worker)
                 + _storage_rows(probe, str(data_root), required_free_bytes, footprint)
                 + _model_rows(probe)
-                + _merge_rows(probe)
+                + (_merge_rows(probe, merge_memory) if merge_memory is not None else [])
                 + (_gpu_rows(probe, gpu_smoke) if gpu_smoke is not None else [])
             )
     if eval_set:
@@ -464,7 +477,7 @@ def _model_rows(probe: dict) -> list[CheckRow]:
     ]
 
 
-def _merge_rows(probe: dict) -> list[CheckRow]:
+def _merge_rows(probe: dict, merge_memory: Callable[[int], MemoryNeed]) -> list[CheckRow]:
     """The merge job asks Ray for a whole model copy's memory; a cluster where no node has it would
     leave the job pending until Ray gives up, after all the training."""
     model = probe.get("base_model") or {}

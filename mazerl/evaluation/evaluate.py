@@ -34,14 +34,15 @@ from envs.maze import optimal_moves
 from mazerl.atomic import write_bytes, write_json, write_jsonl
 from mazerl.cluster.ray_local import local_ray_head, ray_driver
 from mazerl.eval_files import RESULTS_FILE, SUMMARY_FILE
+from mazerl.evaluation.engines import ENGINES
+from mazerl.evaluation.engines import gpus_per_worker as worker_gpus
 from mazerl.evaluation.summary import summarize
 from mazerl.evaluation.workers import EvalJob, EvalWorker, MazeCounter
 from mazerl.fingerprint import model_fingerprint
-from mazerl.policy.chat import check_context_mode
-from mazerl.policy.loader import ModelLoadError, _check_model_files, check_adapter_dir, check_image_text_to_text
+from mazerl.policy.context_mode import check_context_mode
+from mazerl.policy.loader import ModelLoadError, check_adapter_dir, check_image_text_to_text, check_model_files
 from mazerl.starter.record import recorded_context_mode
 
-ENGINES = ("hf", "vllm")
 GIF_DIR = "gifs"
 PROGRESS_POLL_S = 2.0  # how often the driver asks the workers' maze counter while chunks run
 # Mazes one worker batches per turn at most: the hf engine's batch on CPU, and what every eval used
@@ -139,7 +140,7 @@ def _check_arguments(
         raise ValueError(f"max_mazes={max_mazes} must be >= 1 (or None for the whole set)")
     if not model_dir.is_dir():
         raise ModelLoadError(f"model_dir={str(model_dir)!r} is not a directory; pass a Hugging Face model directory")
-    _check_model_files(model_dir)
+    check_model_files(model_dir)
     check_image_text_to_text(model_dir)
 
 
@@ -167,7 +168,8 @@ def evaluate(
     """Evaluate a model (optionally with a LoRA ``adapter``) greedily on every maze of ``eval_set``.
 
     ``history_images``, ``history_text``: None uses the model's recorded setting (the starter's) or "all".
-    ``gpus_per_worker``: None gives each worker one GPU for vllm and none for hf.
+    ``gpus_per_worker``: None takes the engine's default (:func:`mazerl.evaluation.engines.gpus_per_worker`: one GPU
+    per vllm worker, none for hf).
     ``chunk_size``: mazes a worker plays as one batch; None sizes them from ``workers`` (:func:`eval_chunks`).
     ``progress(done, total)`` is called as mazes finish (polled every :data:`PROGRESS_POLL_S`). A
     mode other than the one the model was trained in is allowed (a run that trains in another mode
@@ -206,7 +208,7 @@ def evaluate(
         gif_candidates=gif_count,
     )
     chunks = eval_chunks(count, workers, chunk_size)
-    gpus = (1.0 if engine == "vllm" else 0.0) if gpus_per_worker is None else gpus_per_worker
+    gpus = worker_gpus(engine, gpus_per_worker)
     if engine == "vllm" and gpus <= 0:
         raise ValueError("gpus_per_worker=0 with engine='vllm': vLLM runs on GPUs only; give each worker 1 GPU")
     rows, gifs, rollout_seconds, placement = _run_on_ray(

@@ -45,8 +45,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-HistoryImages = int | Literal["all"]
-HistoryText = int | Literal["all", "feedback"]
+from mazerl.policy.context_mode import HistoryImages, HistoryText, check_context_mode
 
 # Private-use characters: never produced by a tokenizer's decode of ordinary text, and
 # passed through unchanged by chat templates.
@@ -93,41 +92,6 @@ class Conversation:
         if len(self.replies) != len(self.observations):
             raise ChatError("add_observation: the conversation does not end with a reply")
         self.observations.append(Observation(text, frame))
-
-
-def check_history_images(history_images: HistoryImages) -> HistoryImages:
-    """``"all"`` or an integer >= 1; anything else is refused with the fix."""
-    if history_images == "all" or (isinstance(history_images, int) and history_images >= 1):
-        return history_images
-    raise ChatError(f"history_images={history_images!r} must be 'all' or an integer >= 1 (e.g. 1: current frame only)")
-
-
-def check_history_text(history_text: HistoryText) -> HistoryText:
-    """``"all"``, ``"feedback"`` or an integer >= 0; anything else is refused with the fix."""
-    if history_text in ("all", "feedback") or (
-        isinstance(history_text, int) and not isinstance(history_text, bool) and history_text >= 0
-    ):
-        return history_text
-    raise ChatError(
-        f"history_text={history_text!r} must be 'all', 'feedback' or an integer >= 0 (0: the task prompt and the "
-        "current frame only; 'feedback': also the last feedback line; 1: also the last reply and its feedback)"
-    )
-
-
-def check_context_mode(history_images: HistoryImages, history_text: HistoryText) -> None:
-    """Both settings valid, and consistent: ``history_text="feedback"`` shows the current frame only."""
-    check_history_images(history_images)
-    check_history_text(history_text)
-    if history_text == "feedback" and history_images != 1:
-        raise ChatError(
-            f"history_text='feedback' shows the current frame only, but history_images={history_images!r}; "
-            "set history_images: 1"
-        )
-
-
-def extends_previous(history_images: HistoryImages, history_text: HistoryText) -> bool:
-    """Whether every context extends the previous context plus its reply (nothing ever leaves it)."""
-    return history_images == "all" and history_text == "all"
 
 
 def _special_id(tokenizer: Any, token: str) -> int:

@@ -23,13 +23,8 @@ import torch
 
 from envs.maze import ActionFormat, Layout, MazeEnv, optimal_moves, target_distances
 from envs.reward import Shaping, check_format_bonus, episode_reward, turn_shaping
-from mazerl.policy.chat import (
-    Conversation,
-    HistoryImages,
-    HistoryText,
-    check_context_mode,
-    render,
-)
+from mazerl.policy.chat import Conversation, render
+from mazerl.policy.context_mode import HistoryImages, HistoryText, check_context_mode
 from mazerl.policy.engines import (
     GenerationRequest,
     GenerationResult,

@@ -65,7 +65,9 @@ def _require_dir(path: str | os.PathLike, what: str, fix: str) -> Path:
     return path.resolve()
 
 
-def _check_model_files(model_dir: Path) -> None:
+def check_model_files(model_dir: Path) -> None:
+    """The files a Qwen3-VL directory needs (config, tokenizer, image processor, weights), checked by
+    name before anything is loaded; each one missing is refused naming it and the fix."""
     if not (model_dir / "config.json").is_file():
         raise ModelLoadError(
             f"model_dir={str(model_dir)!r} has no config.json, so it is not a Hugging Face model directory; "
@@ -143,7 +145,7 @@ def load_processor(model_dir: str | os.PathLike) -> Any:
     from transformers import AutoProcessor, AutoTokenizer, Qwen2VLImageProcessorPil  # heavy: see above
 
     model_dir = _require_dir(model_dir, "model_dir", "pass a Hugging Face model directory")
-    _check_model_files(model_dir)
+    check_model_files(model_dir)
     try:
         processor = AutoProcessor.from_pretrained(model_dir, trust_remote_code=False)
     except ImportError as exc:
@@ -258,7 +260,7 @@ def load_policy(
     model_dir = _require_dir(
         model_dir, "model_dir", "build the starter with `mazerl build-starter` or pass a Hugging Face model directory"
     )
-    _check_model_files(model_dir)
+    check_model_files(model_dir)
     check_image_text_to_text(model_dir)
     adapter = check_adapter_dir(adapter_dir) if adapter_dir is not None else None
     device = torch.device(device) if device is not None else default_device()

@@ -57,15 +57,6 @@ def collapse_image_pads(input_ids: list[int], image_pad_id: int, num_images: int
     return collapsed
 
 
-def expand_image_pads(input_ids: list[int], image_pad_id: int, tokens_per_image: list[int]) -> list[int]:
-    """The inverse of :func:`collapse_image_pads`: what vLLM's prompt update does to a token prompt."""
-    expanded: list[int] = []
-    images = iter(tokens_per_image)
-    for token in input_ids:
-        expanded += [token] * next(images) if token == image_pad_id else [token]
-    return expanded
-
-
 def vllm_prompt(request: GenerationRequest, image_pad_id: int) -> dict[str, Any]:
     """One ``vllm.inputs.TokensPrompt``: collapsed token ids and the frames as RGB images."""
     from PIL import Image

@@ -12,9 +12,9 @@ from typing import Any
 from mlflow.entities import LoggedModelInput, Metric
 
 from envs.evalset import load as load_eval_set
-from mazerl.eval_files import read_result_rows
+from mazerl.eval_files import EVAL_METRICS, read_result_rows
 from mazerl.evaluation.evaluate import EvalReport
-from mazerl.tracking.evals import EVAL_METRICS, log_eval_report, log_eval_set, read_eval_report
+from mazerl.tracking.evals import log_eval_report, log_eval_set, read_eval_report
 from mazerl.tracking.lineage import TAG_FLOW_RUN_ID, stage_run
 from mazerl.tracking.params import log_params
 from mazerl.tracking.store import client_for, default_artifact_location, ensure_experiment

@@ -2,6 +2,6 @@
 
 ``build`` makes it (tokenizer, processor, model, then ``warmstart``'s solver imitation) and
 ``ensure_starter`` puts it under the data root; ``shipped`` is the copy that ships as package
-data (``data/``) with its pinned digest; ``record`` reads ``starter.json`` without torch;
-``cli`` is ``mazerl build-starter``. Kept light: importing the package imports nothing.
+data (``data/``) with its pinned digest; ``record`` reads ``starter.json`` without torch
+(``mazerl build-starter`` is ``cli.build_starter``). Kept light: importing the package imports nothing.
 """

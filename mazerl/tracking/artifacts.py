@@ -1,7 +1,8 @@
 """Artifacts on MLflow runs, never with a credential in them.
 
 Text files are logged with secrets scrubbed from their content; a directory is logged as is
-only after none of its text files holds a credential (:mod:`mazerl.tracking.secrets`).
+only after none of its text files holds a credential (:func:`check_no_secrets`, which the merged model's
+logging calls; :mod:`mazerl.tracking.secrets`).
 """
 
 from __future__ import annotations
@@ -25,14 +26,6 @@ def log_text_artifact(tracking_uri: str, run_id: str, path: str | os.PathLike, a
         staged.write_text(text)
         client_for(tracking_uri).log_artifact(run_id, str(staged), artifact_path)
     return f"{artifact_path}/{path.name}" if artifact_path else path.name
-
-
-def log_dir_artifacts(
-    tracking_uri: str, run_id: str, local_dir: str | os.PathLike, artifact_path: str | None = None
-) -> None:
-    """Log a directory as is, after checking that none of its text files holds a credential."""
-    check_no_secrets(local_dir)
-    client_for(tracking_uri).log_artifacts(run_id, str(local_dir), artifact_path)
 
 
 def check_no_secrets(local_dir: str | os.PathLike) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from mazerl.atomic import write_bytes, write_text
-from mazerl.tracking.evals import EVAL_METRICS
+from mazerl.eval_files import EVAL_METRICS
 from mazerl.tracking.store import client_for
 
 SAMPLED_KEY = "train/success_rate"

@@ -20,23 +20,12 @@ from mlflow.entities import DatasetInput, InputTag, Metric
 
 from envs import evalset
 from envs.maze import optimal_moves
-from mazerl.eval_files import RESULTS_FILE, SUMMARY_FILE, read_result_rows
+from mazerl.eval_files import EVAL_METRICS, RESULTS_FILE, SUMMARY_FILE, read_result_rows
 from mazerl.tracking.artifacts import log_text_artifact
 from mazerl.tracking.params import log_params, safe_name
 from mazerl.tracking.store import client_for
 
 TAG_EVAL_SET_SHA256 = "mazerl.eval_set.sha256"
-# summary.json key -> MLflow metric name; other numeric summary keys are logged as eval/<key>.
-EVAL_METRICS = {
-    "success_rate": "eval/success_rate",
-    "avg_moves": "eval/avg_moves",
-    "parse_failure_rate": "eval/parse_failure_rate",
-    "ci_low": "eval/success_ci95_low",
-    "ci_high": "eval/success_ci95_high",
-    "budget_ceiling": "eval/budget_ceiling",
-    "n": "eval/n_mazes",
-    "solved": "eval/solved",
-}
 REQUIRED_SUMMARY_KEYS = ("success_rate", "avg_moves", "parse_failure_rate")  # avg_moves may come from the rows
 # Summary keys that are settings, not measurements: params of the eval run (eval_params), never metrics.
 SETTING_KEYS = ("workers", "max_moves", "gpus_per_worker")

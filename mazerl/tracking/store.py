@@ -53,11 +53,6 @@ def is_sagemaker_mlflow(tracking_uri: str) -> bool:
     return tracking_uri.startswith("arn:")
 
 
-def default_tracking_uri(root: str | os.PathLike | None = None) -> str:
-    """``sqlite:///<root>/mlflow.db`` for the data root (``$MAZERL_HOME`` or ``./.mazerl``)."""
-    return paths.mlflow_db_uri(paths.data_root(root))
-
-
 def default_artifact_location(tracking_uri: str, root: str | os.PathLike | None = None) -> str | None:
     """Where a new experiment keeps its artifacts.
 

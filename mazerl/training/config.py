@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from envs.evalset import EvalSetError, load
 from envs.pool import world_capacity
 from mazerl import atomic, paths
+from mazerl.policy.context_mode import HistoryImages, HistoryText, check_context_mode
 
 MAX_STEPS = 1_000_000
 MAX_DEFAULT_POOL = 4096
@@ -186,11 +187,11 @@ class TrainConfig(StrictModel):
         "tuple", description="Action syntax the policy is asked for: VisGym tuples (SFT) or <action> keywords."
     )
     max_turns: int = Field(15, description="Move budget per episode, the stop included (reference: 15).")
-    history_images: int | Literal["all"] = Field(
+    history_images: HistoryImages = Field(
         "all",
         description="Frames kept in the conversation: all (reference) or the last K, earlier turns kept as text.",
     )
-    history_text: int | Literal["all", "feedback"] = Field(
+    history_text: HistoryText = Field(
         "all",
         description="Past exchanges (reply + feedback) kept as text: all (reference) or the last K; 0: the task "
         "prompt and the current frame only; feedback: also the last feedback line (needs history_images 1). 0, 1 "
@@ -288,18 +289,7 @@ class TrainConfig(StrictModel):
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> TrainConfig:
-        if self.history_images != "all" and self.history_images < 1:
-            raise ValueError(f"history_images ({self.history_images}) must be 'all' or >= 1")
-        if isinstance(self.history_text, int) and self.history_text < 0:
-            raise ValueError(
-                f"history_text ({self.history_text}) must be 'all', 'feedback' or >= 0 (0: the task prompt and the "
-                "current frame)"
-            )
-        if self.history_text == "feedback" and self.history_images != 1:
-            raise ValueError(
-                f"history_text 'feedback' shows the current frame only, but history_images is "
-                f"{self.history_images!r}; set history_images: 1"
-            )
+        check_context_mode(self.history_images, self.history_text)  # the runner's own rule (no torch)
         if self.mini_batch_mazes is not None and self.mazes_per_step % self.mini_batch_mazes:
             raise ValueError(
                 f"mini_batch_mazes ({self.mini_batch_mazes}) must divide mazes_per_step ({self.mazes_per_step}) "

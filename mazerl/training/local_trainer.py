@@ -48,6 +48,7 @@ from envs.evalset import load as load_eval_set
 from envs.pool import training_pool
 from envs.reward import Shaping
 from mazerl.atomic import write_jsonl, write_text
+from mazerl.eval_files import EVAL_METRICS
 from mazerl.evaluation.summary import result_row
 from mazerl.fingerprint import model_fingerprint
 from mazerl.policy.engines import GenerationSettings
@@ -55,14 +56,12 @@ from mazerl.policy.episodes import Episode, run_episodes
 from mazerl.policy.loader import ModelLoadError, load_policy, read_adapter_config
 from mazerl.policy.prefix_engine import PrefixCachingEngine
 from mazerl.policy.vision_cache import VisionCache
-from mazerl.progress import ProgressMeter
+from mazerl.progress import ProgressMeter, step_line
 from mazerl.starter.record import recorded_context_mode
-from mazerl.tracking.evals import EVAL_METRICS
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, save_config
 from mazerl.training.data import epoch_of_step, step_indices
 from mazerl.training.grpo import LOSS_REDUCTIONS, clipped_surrogate, group_advantages, k3_kl, turn_advantages
-from mazerl.training.progress import step_line
 from mazerl.training.scoring import PackedScorer, TurnSample, reply_mask
 
 

@@ -7,78 +7,28 @@ prints it from its tracker hook whenever SkyRL logs a finished step's metrics
 says nothing about steps that follow. Inside a Ray job the line reaches the job's log either
 way (a task's output is forwarded to the driver, e.g. ``(train_in_ray_task pid=7) step 3/160: ...``).
 
+The line's format (:func:`mazerl.progress.step_line`, :func:`mazerl.progress.parse_step_line`)
+lives below both training and the cluster; this module holds what only training knows: SkyRL's
+hook and the progress reader that also trusts the checkpoint marker.
+
 Who reads it: the submitter's hang watchdog and the train stage's Prefect progress artifact, both
-through one :class:`TrainingProgress`. It also reads the checkpoint marker when the caller can see
+through one :class:`TrainingProgress` that the train stage hands to its job. It also reads the checkpoint marker when the caller can see
 the checkpoint directory (the embedded run, or a flow-run pod with the shared mount), so progress
 that reaches the disk counts even if log lines are lost on the way.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from mazerl import paths
-from mazerl.progress import ProgressMeter
-from mazerl.run_clock import STAGE_LEFT, parse_seconds
+from mazerl.progress import ProgressMeter, parse_step_line, step_line
 from mazerl.training import checkpoints
 
-# "step 3/160:" at a word boundary ("global_step 3" and "Resuming from global_step: 3" do not match).
-STEP_LINE = re.compile(r"\bstep (\d+)/(\d+):")
 # The metric that marks SkyRL's end-of-step payload: trainer.py adds it just before the one
 # tracker.log(..., commit=True) call of each finished step (skyrl 0.4.0, RayPPOTrainer.train).
 SKYRL_STEP_KEY = "trainer/global_step"
-GREEDY_EVAL = "greedy eval"  # the step line's label of a periodic eval's success rate
-GREEDY_EVAL_KEY = "eval/success_rate"
-GREEDY_EVAL_VALUE = re.compile(rf"\b{GREEDY_EVAL} \d+(?:\.\d+)?%")
-
-
-def step_line(step: int, total: int, metrics: Mapping[str, Any], times: str | None = None) -> str:
-    """``step 3/160: reward 0.512 success 0.438 (52.1s); 02:36 elapsed, 2:15:24 left``, from the metric
-    names of design section 5; ``times`` (:meth:`mazerl.progress.ProgressMeter.times`) ends it.
-
-    The one writer of the line (both backends call it). Where the step's rollout and update
-    seconds are known they go inside the brackets: ``(52.1s: rollout 40.0s, update 12.1s)``. A
-    step that ran a periodic greedy eval says its result: ``greedy eval 41.4%`` (:data:`GREEDY_EVAL`).
-    """
-    parts = [f"step {step}/{total}:"]
-    for label, key, spec in (
-        ("reward", "train/reward_mean", ".3f"),
-        ("success", "train/success_rate", ".3f"),
-        ("loss", "train/policy_loss", "+.4f"),
-        (GREEDY_EVAL, GREEDY_EVAL_KEY, ".1%"),
-    ):
-        if isinstance(metrics.get(key), int | float):
-            parts.append(f"{label} {metrics[key]:{spec}}")
-    if isinstance(metrics.get("train/step_seconds"), int | float):
-        split = ("rollout", "train/rollout_seconds"), ("update", "train/update_seconds")
-        detail = [f"{label} {metrics[key]:.1f}s" for label, key in split if isinstance(metrics.get(key), int | float)]
-        parts.append(f"({metrics['train/step_seconds']:.1f}s{': ' + ', '.join(detail) if detail else ''})")
-    return " ".join(parts) + (f"; {times}" if times else "")
-
-
-def annotate_step_line(
-    line: str, *, baseline: float | None = None, total_left: Callable[[float | None], str] | None = None
-) -> str:
-    """A job's step line as the pipeline shows it: a greedy eval's result next to the baseline's
-    (``greedy eval 18.8% (baseline 27.0%)``) and, after the training's own time left, the whole
-    run's (``total_left(seconds the training has left, or None)`` writes it). Other lines pass as they are."""
-    if parse_step_line(line) is None:
-        return line
-    if baseline is not None:
-        line = GREEDY_EVAL_VALUE.sub(lambda match: f"{match.group(0)} (baseline {baseline:.1%})", line, count=1)
-    if total_left is not None:
-        left = STAGE_LEFT.search(line)
-        line += f"; {total_left(parse_seconds(left.group(1)) if left else None)}"
-    return line
-
-
-def parse_step_line(line: str) -> tuple[int, int] | None:
-    """(step, total) of a step line anywhere in ``line``, else None."""
-    match = STEP_LINE.search(line)
-    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def _print_now(line: str) -> None:
