@@ -4,19 +4,25 @@ Every flag is checked first (the model directory as the pipeline's preflight rea
 weights, no code), so a bad one is refused in seconds with exit code 2, before Ray starts or
 the model loads, and nothing is written. Without ``--ray-address`` the eval runs on the
 embedded loopback-only Ray head (token auth), started if none runs and stopped when the last
-command using it ends. Exit codes: 0 done, 2 a bad flag, 1 a failure during the eval.
+command using it ends; with ``--ray-address http://<head>:8265`` (or such a ``RAY_ADDRESS``) it
+runs as a Ray job on that cluster (:mod:`mazerl.evaluation.on_cluster`). Exit codes: 0 done, 2 a
+bad flag, 1 a failure during the eval.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from envs.evalset import DEFAULT_EVAL_SET, SPECS, EvalSetError, load
 from mazerl import paths
+from mazerl.cluster.errors import ConfigError
 from mazerl.cluster.ray_local import check_temp_dir
+from mazerl.evaluation.on_cluster import evaluate_as_job, is_job_server_address
 from mazerl.preflight import (
     InputError,
     check_base_model,
@@ -27,6 +33,9 @@ from mazerl.preflight import (
     check_root_env,
 )
 from mazerl.starter.record import RECORD_FILE
+
+if TYPE_CHECKING:
+    from mazerl.evaluation.evaluate import EvalReport
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -60,7 +69,10 @@ def add_eval_command(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--gifs", type=int, default=4, help="episode GIFs to write (half solved, half failed)")
     parser.add_argument("--max-mazes", type=int, default=None, help="evaluate only the first N mazes")
     parser.add_argument(
-        "--ray-address", default=None, help="Ray cluster address; default: the embedded local head (loopback only)"
+        "--ray-address",
+        default=None,
+        help="a Ray cluster's job server (http://<head>:8265), where the eval runs as a Ray job (paths as the "
+        "cluster sees them); default: the embedded local head (loopback only)",
     )
     parser.add_argument("--history-images", type=_history, default=None, help="'all' or K; default: the model's")
     parser.add_argument(
@@ -149,6 +161,10 @@ def run_eval_command(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
+    job_server = args.ray_address or os.environ.get("RAY_ADDRESS")
+    if is_job_server_address(job_server):  # a dashboard: ray.init cannot take it, Ray's job API can
+        return _run_eval_job(job_server, args, model, eval_set, out)
+
     from tqdm import tqdm
 
     from mazerl.evaluation import evaluate  # imports torch and ray: only once the flags are known good
@@ -185,6 +201,39 @@ def run_eval_command(args: argparse.Namespace) -> int:
         print(f"error: the eval failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     bar.close()
+    _print_report(report)
+    return EXIT_OK
+
+
+def _run_eval_job(address: str, args: argparse.Namespace, model: Path, eval_set: str, out: Path) -> int:
+    """The eval as a Ray job on the cluster at ``address``; the job's own lines show its progress."""
+    request = {
+        "model_dir": str(model.resolve()),
+        "adapter": str(Path(args.adapter).expanduser().resolve()) if args.adapter is not None else None,
+        "eval_set": eval_set,
+        "engine": args.engine,
+        "workers": args.workers,
+        "out_dir": str(out.resolve()),
+        "gif_count": args.gifs,
+        "max_mazes": args.max_mazes,
+        "history_images": args.history_images,
+        "history_text": args.history_text,
+        "max_new_tokens": args.max_new_tokens,
+    }
+    print(f"eval {model.name} on {eval_set}: a Ray job on {address}", flush=True)
+    try:
+        report = evaluate_as_job(address, request, log=lambda line: print(line, flush=True))
+    except ConfigError as exc:  # the job refused its request (exit code 2), or another run's job is in the way
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as exc:
+        print(f"error: the eval failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    _print_report(report)
+    return EXIT_OK
+
+
+def _print_report(report: EvalReport) -> None:
     low, high = report.success_ci95
     print(
         f"success {report.success_rate:.1%} ({report.solved}/{report.n}, 95% CI {low:.1%}-{high:.1%}), "
@@ -192,4 +241,3 @@ def run_eval_command(args: argparse.Namespace) -> int:
         f"{report.episodes_per_second:.1f} episodes/s, {report.wall_seconds:.1f} s"
     )
     print(f"wrote {report.summary_path}, {report.results_path} and {len(report.gif_paths)} GIFs")
-    return EXIT_OK

@@ -67,6 +67,7 @@ MLFLOW_NAME_MAX_CHARS = 256
 ARN_PARTITIONS = ("aws", "aws-us-gov")  # the partitions the sagemaker-mlflow plugin resolves
 AWS_REGION = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-[0-9]+")
 AWS_ACCOUNT = re.compile(r"[0-9]{12}")
+ASSUME_ROLE_VAR = "SAGEMAKER_MLFLOW_ASSUME_ROLE_ARN"  # the role the sagemaker-mlflow plugin assumes, if set
 TRACKING_SERVER_NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,255}")
 HYPERPOD_CLUSTER_NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
 HYPERPOD_CLUSTER_ARN = re.compile(r"arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:[0-9]{12}:cluster/[a-z0-9]{12}")
@@ -114,7 +115,14 @@ def check_sagemaker_arn(value: str) -> str:
         problem = f"its account {parts[4]!r} is not a 12-digit AWS account id"
     else:
         kind, _, name = parts[5].partition("/")
-        if kind != "mlflow-tracking-server":
+        resource, _, suffix = parts[5].partition("#")
+        if suffix:
+            problem = (
+                f"it carries {'#' + suffix!r} after {resource!r}, which the sagemaker-mlflow plugin does not take (it "
+                "would send the whole text as the server's ARN and assume no role); give the ARN alone, and a role to "
+                f"assume in {ASSUME_ROLE_VAR}=arn:aws:iam::<account>:role/<name>, which the plugin reads"
+            )
+        elif kind != "mlflow-tracking-server":
             problem = f"its resource {kind!r} is not mlflow-tracking-server/<name>"
         elif not TRACKING_SERVER_NAME.fullmatch(name):
             problem = (

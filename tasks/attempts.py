@@ -105,9 +105,10 @@ def end_mlflow_runs(flow: Any, flow_run: Any, state: Any) -> None:
     except Exception as exc:  # noqa: BLE001 - the API is gone: the attempt is the only one there can be
         log.debug("could not read the state of flow run %s: %s", flow_run.id, exc)
     status = "KILLED" if state.is_crashed() else "FAILED"
-    try:
-        check_tracking_uri(params.resolved_tracking_uri())  # seconds, not MLflow's minutes of retries
-        ended = end_pipeline_run(params.resolved_tracking_uri(), params.experiment, str(flow_run.id), status)
+    uri = params.resolved_tracking_uri()
+    try:  # judged as the run judged it (the embedded store's directory is the run's own data root)
+        check_tracking_uri(uri, params.experiment, embedded=params.tracking_uri is None)  # seconds, not minutes
+        ended = end_pipeline_run(uri, params.experiment, str(flow_run.id), status)
     except InputError:  # the store does not answer: nothing can be ended there (the run's error says why)
         return
     except Exception as exc:  # noqa: BLE001 - a hook must not hide the flow run's own failure

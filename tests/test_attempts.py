@@ -144,3 +144,29 @@ def test_a_flow_run_failing_outside_any_stage_does_not_leave_its_mlflow_runs_run
     # and the pipeline flow carries the same hook for failures and crashes, and closes killed attempts.
     assert end_mlflow_runs in pipeline.on_failure_hooks and end_mlflow_runs in pipeline.on_crashed_hooks
     assert close_killed_attempts in pipeline.on_running_hooks
+
+
+def test_the_crash_hook_judges_the_embedded_store_as_the_run_did_and_ends_its_runs(mlflow_root, monkeypatch):
+    from types import SimpleNamespace
+    from uuid import uuid4
+
+    from mlflow.tracking import MlflowClient
+
+    import tasks.attempts
+
+    # Given an embedded run (no tracking_uri) that crashed with its parent run open (no retry since),
+    params = PipelineParams(data_root=str(mlflow_root), training={"steps": 2})
+    crashed = SimpleNamespace(id=uuid4(), parameters={"params": params.model_dump(mode="json")})
+    runs = start_pipeline_run(params.resolved_tracking_uri(), params.experiment, "r", flow_run_id=str(crashed.id))
+    monkeypatch.setattr(tasks.attempts, "is_current_state", lambda flow_run_id, state: True)
+    checked = []
+    real_check = tasks.attempts.check_tracking_uri
+    monkeypatch.setattr(
+        tasks.attempts, "check_tracking_uri", lambda *a, **kw: checked.append((a, kw)) or real_check(*a, **kw)
+    )
+    # when its crash hook runs,
+    end_mlflow_runs(None, crashed, Crashed(message="killed"))
+    # then the store is checked as the run's setup checks it (embedded: the data root is the run's own),
+    assert checked == [((params.resolved_tracking_uri(), params.experiment), {"embedded": True})], checked
+    # and the run is ended KILLED.
+    assert MlflowClient(params.resolved_tracking_uri()).get_run(runs.parent_run_id).info.status == "KILLED"

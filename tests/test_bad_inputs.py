@@ -971,6 +971,12 @@ INPUT_CASES = [
         "tracking_uri",
         "is not a 12-digit AWS account id",
     ),
+    InputCase(
+        "run: --tracking-uri SageMaker ARN with a #role",
+        lambda i: RUN + ["--tracking-uri", ARN + "#arn:aws:iam::123456789012:role/mazerl-mlflow"],
+        "tracking_uri",
+        "SAGEMAKER_MLFLOW_ASSUME_ROLE_ARN=arn:aws:iam::<account>:role/<name>",
+    ),
     # the --params file
     InputCase(
         "run: --params nested 10000 deep",

@@ -146,3 +146,28 @@ def test_a_worker_reports_each_maze_as_its_episode_ends_not_each_chunk():
     ended = [sum(row["moves"] == n for row in result.rows) for n in lengths]
     assert counter.adds == ended, f"episodes of {lengths} moves; reports {counter.adds}"
     assert len(counter.adds) > 1, "some episodes end before others: more than one report per chunk"
+
+
+def test_eval_command_with_a_dashboard_address_runs_the_eval_as_a_ray_job_there(
+    starter_model_dir, local_ray_head, tmp_path, monkeypatch, capsys
+):
+    """Ray refuses an http:// address in ``ray.init``; ``mazerl eval --ray-address`` goes through Ray's job API."""
+    from ray.job_submission import JobSubmissionClient
+
+    from cli.main import main
+
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(local_ray_head.token_path))
+    out = tmp_path / "eval"
+    argv = ["eval", "--model", str(starter_model_dir), "--ray-address", local_ray_head.address]
+    code = main([*argv, "--max-mazes", "2", "--workers", "1", "--gifs", "0", "--out", str(out)])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err[-3000:]
+    assert f"a Ray job on {local_ray_head.address}" in printed.out and "eval done: " in printed.out
+    assert "success " in printed.out, "the report is printed as without --ray-address"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n"] == 2 and len((out / "results.jsonl").read_text().splitlines()) == 2
+    client = JobSubmissionClient(local_ray_head.address, headers=local_ray_head.auth_headers())
+    request = out / "request.json"
+    jobs = [job for job in client.list_jobs() if str(request) in job.entrypoint]
+    assert [(job.status, job.metadata["mazerl_stage"]) for job in jobs] == [("SUCCEEDED", "eval")], "one job ran it"
+    assert json.loads(request.read_text())["out_dir"] == str(out.resolve())

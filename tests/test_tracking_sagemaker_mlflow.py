@@ -179,3 +179,23 @@ def test_the_plugins_header_noise_for_other_tracking_uris_is_dropped_and_only_th
             registry_log.addFilter(ours)
         registry_log.removeHandler(catcher)
         tracking_utils._tracking_uri = global_uri
+
+
+def test_a_role_after_a_hash_is_not_the_plugins_and_is_refused_naming_the_variable_it_reads(monkeypatch):
+    """sagemaker-mlflow takes the role to assume from SAGEMAKER_MLFLOW_ASSUME_ROLE_ARN, never from the URI."""
+    from sagemaker_mlflow.mlflow_sagemaker_helpers import SageMakerMLflowHostMetadataProvider
+
+    from mazerl.params import ASSUME_ROLE_VAR, PipelineParams
+
+    role = "arn:aws:iam::123456789012:role/mazerl-mlflow"
+    # Given the real plugin, a "#<role>" after the ARN stays in the server's ARN it sends (its routing header),
+    provider = SageMakerMLflowHostMetadataProvider()
+    provider.set_arn(f"{ARN}#{role}")
+    assert provider.resource_id != "mazerl" and provider.arn == f"{ARN}#{role}"
+    # while the variable is where it looks for a role,
+    monkeypatch.setenv(ASSUME_ROLE_VAR, role)
+    assert provider.maybe_assume_role_arn == role
+    # so the parameters take the bare ARN and refuse the suffix, naming the variable.
+    assert PipelineParams(tracking_uri=ARN).tracking_uri == ARN
+    with pytest.raises(ValueError, match=f"{ASSUME_ROLE_VAR}=arn:aws:iam::<account>:role/<name>"):
+        PipelineParams(tracking_uri=f"{ARN}#{role}")

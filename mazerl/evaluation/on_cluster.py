@@ -1,0 +1,60 @@
+"""``mazerl eval --ray-address http://<head>:8265``: the eval submitted as a Ray job to that cluster.
+
+A Ray dashboard (job server) address cannot be handed to ``ray.init``: Ray (2.57 and later)
+refuses an ``http://`` address there ("Invalid Ray address"), and a driver on a laptop would
+need every port of the cluster besides. So, like the pipeline's eval stages, the command
+submits :mod:`mazerl.evaluation.job_entry` through Ray's job API (the one submitter,
+:class:`~mazerl.cluster.submitter.RayJob`), prints the job's own lines, and reads the report
+the job wrote. The model, the adapter and ``out_dir`` must be paths the cluster sees (a head on
+this machine does; a remote one needs them on its shared storage, like the pipeline's data root).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mazerl.atomic import write_json
+from mazerl.cluster.client import ray_headers
+from mazerl.eval_files import SUMMARY_FILE
+
+if TYPE_CHECKING:
+    from mazerl.evaluation.evaluate import EvalReport
+
+REQUEST_FILE = "request.json"
+JOB_MODULE = "mazerl.evaluation.job_entry"
+
+
+def is_job_server_address(address: str | None) -> bool:
+    """Whether ``address`` names a Ray job server (a dashboard, or a HyperPod ``sagemaker_ray://`` one)
+    rather than an address a Ray driver connects to (``auto``, ``host:6379``, ``ray://``)."""
+    return address is not None and address.split("://", 1)[0].lower() in ("http", "https", "sagemaker_ray")
+
+
+def evaluate_as_job(address: str, request: dict[str, Any], *, log: Callable[[str], None] = print) -> EvalReport:
+    """Run :func:`~mazerl.evaluation.evaluate.evaluate` with ``request`` (its keyword arguments, paths
+    absolute, ``out_dir`` included) as a Ray job on ``address``; its lines go to ``log``.
+
+    Raises :class:`~mazerl.cluster.errors.ConfigError` where the job refused its request (exit
+    code 2) and :class:`~mazerl.cluster.errors.RetryableJobError` where the job or the cluster failed.
+    """
+    from mazerl.cluster.submitter import RayJob, module_entrypoint  # import torch: only once the flags are good
+    from mazerl.evaluation.evaluate import EvalReport
+
+    out_dir = Path(request["out_dir"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    request_path = write_json(out_dir / REQUEST_FILE, request)
+    with RayJob(
+        address,
+        module_entrypoint(JOB_MODULE, request_path),
+        pipeline_run_id=f"eval-{uuid.uuid4().hex[:12]}",  # one command, one job: no re-attach across commands
+        attempt=1,
+        stage="eval",
+        env_vars={"HF_HUB_DISABLE_PROGRESS_BARS": "1"},
+        headers=ray_headers(address),
+        log=log,
+    ) as job:
+        job.wait()
+    return EvalReport.from_summary(out_dir / SUMMARY_FILE)
