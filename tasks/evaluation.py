@@ -22,6 +22,7 @@ from mazerl.fingerprint import model_fingerprint
 from mazerl.params import EvalParams, PipelineParams
 from mazerl.reporting.eval_runs import record_eval
 from mazerl.tracking.lineage import stage_run
+from mazerl.training.config import TrainConfig
 from tasks.context import RunContext
 from tasks.jobs import run_stage_job, write_request
 from tasks.stages import timed_stage
@@ -46,9 +47,16 @@ class EvalSettings:
     @classmethod
     def of(cls, params: PipelineParams | EvalParams, run: RunContext) -> EvalSettings:
         """The settings a pipeline or eval-only run's parameters ask for, in the run's context mode."""
-        trained = run.train_config
+        return cls.in_mode_of(params, run.eval_set, run.train_config)
+
+    @classmethod
+    def in_mode_of(
+        cls, params: PipelineParams | EvalParams, eval_set: str, trained: TrainConfig | None
+    ) -> EvalSettings:
+        """The settings on ``eval_set`` in the context mode of the training ``trained`` (None: the
+        model's recorded mode): what ``prepare`` needs before the run's context exists."""
         return cls(
-            eval_set=run.eval_set,
+            eval_set=eval_set,
             workers=params.eval_workers,
             max_mazes=params.max_eval_mazes,
             gif_count=params.gif_count,

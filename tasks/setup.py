@@ -58,7 +58,7 @@ def prepare(params: PipelineParams) -> RunContext:
     # the run's training config, resolved once: every stage that needs it gets it from the context
     config = params.train_config(run_id, base_model)
     keys = work_keys(
-        eval_settings=asdict(EvalSettings.of(params, params.resolved_eval_set())),
+        eval_settings=asdict(EvalSettings.in_mode_of(params, params.resolved_eval_set(), config)),
         training=config.model_dump(mode="json"),
         base_model=base_model,
     )

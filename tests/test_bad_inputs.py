@@ -1306,6 +1306,9 @@ PARAMETER_CASES = {
     "local_train_gpus": (-1, "greater than or equal to 0"),
     "hang_timeout_s": (0, "greater than 0"),
     "max_artifact_mb": (-1, "greater than or equal to 0"),
+    "gpu_smoke": ("maybe", "valid boolean"),
+    "resource_wait_s": (-5, "greater than or equal to 0"),
+    "ray_jobs_on_stop": ("never", "'auto', 'stop' or 'keep'"),
 }
 GOOD_PARAMS = {"eval_set": "maze256-small-v1", "max_eval_mazes": 4, "training": dict(MINIATURE_TRAINING)}
 

@@ -40,7 +40,8 @@ def evaluate_as_job(address: str, request: dict[str, Any], *, log: Callable[[str
     Raises :class:`~mazerl.cluster.errors.ConfigError` where the job refused its request (exit
     code 2) and :class:`~mazerl.cluster.errors.RetryableJobError` where the job or the cluster failed.
     """
-    from mazerl.cluster.submitter import RayJob, module_entrypoint  # import torch: only once the flags are good
+    from mazerl.cluster.job_spec import module_entrypoint  # import these only once the flags are good
+    from mazerl.cluster.submitter import RayJob
     from mazerl.evaluation.evaluate import EvalReport
 
     out_dir = Path(request["out_dir"])
