@@ -1172,6 +1172,19 @@ INPUT_CASES = [
 ]
 
 
+def recorder_of_refusals(attempted: list[str]):
+    """``refuse(what)``: a stand-in for expensive work that records ``what`` in ``attempted`` and fails."""
+
+    def refuse(what: str):
+        def call(*args, **kwargs):
+            attempted.append(what)
+            raise AssertionError(f"{what} was attempted for a rejected input")
+
+        return call
+
+    return refuse
+
+
 @pytest.fixture
 def refused_work(monkeypatch):
     """Prefect, the Ray head, an eval and a model load, each replaced by a recorded refusal."""
@@ -1181,13 +1194,7 @@ def refused_work(monkeypatch):
     import mazerl.evaluation
 
     attempted: list[str] = []
-
-    def refuse(what: str):
-        def call(*args, **kwargs):
-            attempted.append(what)
-            raise AssertionError(f"{what} was attempted for a rejected input")
-
-        return call
+    refuse = recorder_of_refusals(attempted)
 
     monkeypatch.setattr(cli.run, "configure_prefect", refuse("Prefect"))
     monkeypatch.setattr(cli.run, "local_ray_head", refuse("Ray head start"))
@@ -1544,13 +1551,7 @@ def expensive_work(monkeypatch):
     from mazerl.training.local_trainer import LocalGRPOTrainer
 
     attempted: list[str] = []
-
-    def refuse(what: str):
-        def call(*args, **kwargs):
-            attempted.append(what)
-            raise AssertionError(f"{what} was attempted for a rejected input")
-
-        return call
+    refuse = recorder_of_refusals(attempted)
 
     monkeypatch.setattr("mazerl.policy.loader.load_policy", refuse("model load"))
     monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(refuse("model weights read")))
