@@ -748,9 +748,10 @@ def test_rehearsal_no_gpu_hf_for_vllm_pipeline_survives_a_gpu_worker_killed_whil
     # and for the CPUs of the roomiest such node, at most 16 (the head's 52 here), which became its torch threads.
     from ray.job_submission import JobSubmissionClient
 
+    from mazerl.cluster.job_spec import META_CPUS
     from mazerl.merge.memory import MAX_MERGE_CPUS
 
-    assert merge.entrypoint_num_cpus == MAX_MERGE_CPUS
+    assert float(merge.metadata[META_CPUS]) == MAX_MERGE_CPUS
     merge_log = JobSubmissionClient(cluster.address, headers=cluster.headers()).get_job_logs(merge.submission_id)
     assert f"torch threads (asked Ray for {MAX_MERGE_CPUS} CPUs;" in merge_log, merge_log[:2000]
     assert summary.final is not None

@@ -25,6 +25,7 @@ META_ATTEMPT = "mazerl_attempt"
 META_IDENTITY_PREFIX = "mazerl_id_"  # identity keys, e.g. mazerl_id_config_digest, mazerl_id_data_root
 IDENTITY_MATCH = ("config_digest", "data_root")  # what makes another run's job the same training
 META_MEMORY = "mazerl_entrypoint_memory"  # the bytes of memory the job asked Ray for
+META_CPUS = "mazerl_entrypoint_num_cpus"  # the CPUs the job's driver asked Ray for
 ACTIVE = frozenset({"PENDING", "RUNNING"})
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 _ID_CHARS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")

@@ -82,6 +82,7 @@ from mazerl.cluster.job_spec import (
     ACTIVE,
     IDENTITY_MATCH,
     META_ATTEMPT,
+    META_CPUS,
     META_IDENTITY_PREFIX,
     META_MEMORY,
     META_RUN,
@@ -362,8 +363,11 @@ class RayJob:
             options["entrypoint_memory"] = int(self.entrypoint_memory)
         metadata = {META_RUN: self.pipeline_run_id, META_STAGE: self.stage, META_ATTEMPT: str(self.attempt)}
         metadata |= {META_IDENTITY_PREFIX + key: str(value) for key, value in (self.identity or {}).items()}
-        if self.entrypoint_memory is not None:  # Ray's job listing does not show it; operators and tests can
+        # Ray's job listing (JobDetails) shows neither what the driver asked for; operators and tests can read it here.
+        if self.entrypoint_memory is not None:
             metadata[META_MEMORY] = str(int(self.entrypoint_memory))
+        if self.entrypoint_num_cpus is not None:
+            metadata[META_CPUS] = str(self.entrypoint_num_cpus)
         self._call(
             self._client.submit_job,
             entrypoint=self.entrypoint,
