@@ -23,7 +23,7 @@ from bench.report import write_section  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mazerl.evaluation import evaluate
+    from mazerl.evaluation.evaluate import evaluate
     from mazerl.starter.build import ensure_starter
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

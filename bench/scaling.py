@@ -58,7 +58,7 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float, float, str]:
 def eval_series(model: Path) -> list[tuple[int, float, float]]:
     """(mazes, rollout seconds, wall seconds) for each maze count."""
     from mazerl.cluster.ray_local import local_ray_head, ray_driver
-    from mazerl.evaluation import evaluate
+    from mazerl.evaluation.evaluate import evaluate
 
     rows = []
     with local_ray_head() as head, ray_driver(head), tempfile.TemporaryDirectory(prefix="mazerl-bench-") as tmp:

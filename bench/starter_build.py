@@ -44,7 +44,7 @@ def greedy_success(model, processor, layouts, history_images, cell_px: int, max_
 
 def build_one(seed: int, checkpoints: int, workdir: Path) -> dict:
     from envs.evalset import load as load_eval_set
-    from mazerl.evaluation import evaluate
+    from mazerl.evaluation.evaluate import evaluate
     from mazerl.starter.build import StarterConfig, build_starter
     from mazerl.starter.record import read_record
     from mazerl.starter.warmstart import training_mazes

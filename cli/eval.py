@@ -167,7 +167,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from mazerl.evaluation import evaluate  # imports torch and ray: only once the flags are known good
+    from mazerl.evaluation.evaluate import evaluate  # imports torch and ray: only once the flags are known good
 
     bar = tqdm(total=0, unit="maze", desc=f"eval {model.name} on {eval_set}")
 

@@ -1191,14 +1191,13 @@ def refused_work(monkeypatch):
     from transformers import PreTrainedModel
 
     import cli.run
-    import mazerl.evaluation
 
     attempted: list[str] = []
     refuse = recorder_of_refusals(attempted)
 
     monkeypatch.setattr(cli.run, "configure_prefect", refuse("Prefect"))
     monkeypatch.setattr(cli.run, "local_ray_head", refuse("Ray head start"))
-    monkeypatch.setattr(mazerl.evaluation, "evaluate", refuse("eval"))
+    monkeypatch.setattr("mazerl.evaluation.evaluate.evaluate", refuse("eval"))
     monkeypatch.setattr("mazerl.policy.loader.load_policy", refuse("model load"))
     monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(refuse("model weights read")))
     return attempted

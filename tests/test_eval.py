@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mazerl.evaluation import EvalReport, evaluate
+from mazerl.evaluation.evaluate import EvalReport, evaluate
 from mazerl.evaluation.summary import summarize, wilson_interval
 
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from envs.evalset import load as load_eval_set
-from mazerl.evaluation import evaluate
+from mazerl.evaluation.evaluate import evaluate
 from mazerl.starter.build import StarterConfig, build_starter
 from mazerl.starter.record import read_record
 
