@@ -1,6 +1,7 @@
 """The local GRPO engine on the reduced starter: updates, checkpoints, exact resume, completion."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -42,9 +43,11 @@ def adapter_tensors(config, step=None):
 class MetricsSink:
     def __init__(self):
         self.rows = []
+        self.by_step = {}
 
     def log(self, step, metrics):
         self.rows.append(metrics)
+        self.by_step[step] = metrics
 
 
 def test_training_changes_the_adapter_and_checkpoints_every_step(tmp_path, starter_model_dir):
@@ -115,6 +118,39 @@ def test_checkpoint_from_another_base_model_is_refused(tmp_path, starter_model_d
     checkpoints.save_trainer_state(checkpoint.path, state)
     with pytest.raises(TrainingConfigError, match="another base model"):
         LocalGRPOTrainer(tiny_config(tmp_path, starter_model_dir, steps=2)).run()
+
+
+@pytest.mark.parametrize(
+    "schedule, factor",
+    [
+        ("constant", lambda x: 1.0),
+        ("linear", lambda x: 1.0 - x),
+        ("cosine", lambda x: (1.0 + math.cos(math.pi * x)) / 2.0),
+    ],
+)
+def test_a_resumed_run_continues_the_learning_rate_schedule_where_the_killed_one_was(
+    tmp_path, starter_model_dir, schedule, factor
+):
+    # Given a 4-step run that stops after step 2 and is resumed, each step's logged rate is
+    # learning_rate x f((step - 1) / steps), written out by hand here: what a straight run logs.
+    lr = 1e-3
+    first = MetricsSink()
+    LocalGRPOTrainer(
+        tiny_config(tmp_path / "b", starter_model_dir, steps=2, learning_rate=lr, lr_schedule=schedule),
+        log=lambda _: None,
+    ).run(metrics_sink=first)
+    resumed = tiny_config(tmp_path / "b", starter_model_dir, steps=4, learning_rate=lr, lr_schedule=schedule)
+    second = MetricsSink()
+    LocalGRPOTrainer(resumed, log=lambda _: None).run(metrics_sink=second)
+    expected = [lr * factor(k / 4) for k in range(4)]
+    # the first run was told steps=2: its schedule spans 2 steps; the resumed one spans 4 from step 3 on
+    expected_first = [lr * factor(k / 2) for k in range(2)]
+
+    def rates(sink, steps):  # a resume replays the checkpoint's own row first: read by step
+        return [sink.by_step[step]["train/learning_rate"] for step in steps]
+
+    assert rates(first, [1, 2]) == pytest.approx(expected_first, rel=1e-9)
+    assert rates(second, [3, 4]) == pytest.approx(expected[2:], rel=1e-9)
 
 
 @pytest.mark.slow

@@ -67,8 +67,9 @@ def make_config(tmp_path: Path, **changes) -> TrainConfig:
         {"grpo": {"kl_coef": 0.01, "loss_reduction": "sequence_mean"}, "eval_interval": 5, "eval_mazes": 8},
         {"skyrl": {"num_gpus": 4, "num_nodes": 2, "tensor_parallel_size": 2, "lora_sync_path": "/shared/sync"}},
         {"eval_set": "maze256-small-v1", "resume": "none", "action_format": "keyword"},
+        {"lr_schedule": "cosine", "grpo": {"update_epochs": 1}},
     ],
-    ids=["defaults", "kl-and-eval", "two-nodes-tp2", "embedded-world"],
+    ids=["defaults", "kl-and-eval", "two-nodes-tp2", "embedded-world", "cosine"],
 )
 def test_every_override_names_a_field_of_the_pinned_skyrl_snapshot(tmp_path, changes):
     # given a config, when translated, then SkyRL's real config tree has every name with a compatible type
@@ -171,6 +172,15 @@ def test_epochs_cover_the_requested_steps_with_dropped_partial_batches(tmp_path,
     assert o["trainer.epochs"] * (pool // per_step) >= steps
 
 
+@pytest.mark.parametrize(("schedule", "skyrl_name"), [("constant", "constant_with_warmup"), ("cosine", "cosine")])
+def test_the_learning_rate_schedule_maps_to_skyrls_scheduler_without_warmup(tmp_path, schedule, skyrl_name):
+    o = build_overrides(make_config(tmp_path, lr_schedule=schedule, grpo={"update_epochs": 1}))
+    assert o["trainer.policy.optimizer_config.scheduler"] == skyrl_name
+    assert o["trainer.policy.optimizer_config.num_warmup_steps"] == 0
+    # transformers' get_scheduler decays over SkyRL's total_training_steps, min(batches x epochs, max_training_steps)
+    assert o["trainer.max_training_steps"] == 10
+
+
 def test_kl_coefficient_turns_the_kl_loss_on(tmp_path):
     o = build_overrides(make_config(tmp_path, grpo={"kl_coef": 0.02}))
     assert o["trainer.algorithm.use_kl_loss"] is True and o["trainer.algorithm.kl_loss_coef"] == 0.02
@@ -193,6 +203,8 @@ def test_kl_coefficient_turns_the_kl_loss_on(tmp_path):
         ({"mazes_per_step": 8, "mini_batch_mazes": 1, "skyrl": {"num_gpus": 16}}, "mini_batch_mazes"),
         ({"skyrl": {"max_input_length": 1024}}, "max_input_length"),
         ({"skyrl": {"max_model_len": 8192}}, "max_model_len"),
+        ({"lr_schedule": "cosine", "grpo": {"update_epochs": 2}}, "lr_schedule"),  # SkyRL steps it per update
+        ({"lr_schedule": "linear", "grpo": {"update_epochs": 1}, "mini_batch_mazes": 8}, "lr_schedule"),
     ],
 )
 def test_unsupported_settings_are_refused_with_the_field_named(tmp_path, changes, named):

@@ -221,6 +221,12 @@ class TrainConfig(StrictModel):
         "mazes in all, so 512 there); a larger value than the world offers is refused.",
     )
     learning_rate: float = Field(1e-4, description="AdamW learning rate for the LoRA weights.")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant",
+        description="Learning rate over the run's steps (transformers' schedules, SkyRL's optimizer_config.scheduler): "
+        "constant, or a decay from learning_rate towards 0 at the last step (linear, cosine), so the last "
+        "checkpoint, the run's model, is where the updates have settled.",
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     freeze_vision: bool = Field(

@@ -62,6 +62,7 @@ from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, save_config
 from mazerl.training.data import epoch_of_step, step_indices
 from mazerl.training.grpo import LOSS_REDUCTIONS, clipped_surrogate, group_advantages, k3_kl, turn_advantages
+from mazerl.training.lr_schedule import step_scheduler
 from mazerl.training.scoring import PackedScorer, TurnSample, reply_mask
 
 
@@ -215,6 +216,7 @@ class LocalGRPOTrainer:
         self.model: Any = None  # the PEFT-wrapped policy
         self.vision_cache: VisionCache | None = None
         self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         # The last rollout's engine and update's scorer, for tests and bench/train_step.py to inspect.
         self.last_engine: Any = None
         self.last_scorer: Any = None
@@ -268,11 +270,15 @@ class LocalGRPOTrainer:
         self.optimizer = torch.optim.AdamW(
             params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay, betas=(0.9, 0.999)
         )
-        # The learning rate is constant (SkyRL's default): no scheduler. Checkpoints written before
-        # this held a no-op scheduler.pt, which resume ignores (it never changed the rate).
         if resume_from is not None:
             policy_dir = resume_from.path / "policy"
             self.optimizer.load_state_dict(torch.load(policy_dir / "optimizer.pt", weights_only=True))
+        # The rate is a function of the step (lr_schedule.py): resume needs no scheduler state. Checkpoints
+        # written before this held a no-op scheduler.pt, which resume ignores.
+        done = resume_from.step if resume_from else 0
+        self.scheduler = step_scheduler(
+            self.optimizer, self.config.lr_schedule, self.config.learning_rate, self.config.steps, done
+        )
 
     # ---- one step --------------------------------------------------------------------
 
@@ -489,7 +495,9 @@ class LocalGRPOTrainer:
             rollout_seconds = time.perf_counter() - step_started
             samples = self._samples(episodes)  # 2. advantages
             update_started = time.perf_counter()
+            learning_rate = self.optimizer.param_groups[0]["lr"]
             update_metrics = self._update(samples) if samples else {"train/policy_loss": 0.0, "train/grad_norm": 0.0}
+            self.scheduler.step()
             update_seconds = time.perf_counter() - update_started
             metrics = {
                 "train/reward_mean": float(np.mean([e.reward for e in episodes])),
@@ -500,6 +508,7 @@ class LocalGRPOTrainer:
                 ),
                 "train/moves_mean": float(np.mean([e.moves for e in episodes])),
                 "train/shaping_mean": float(np.mean([e.shaping for e in episodes])),
+                "train/learning_rate": learning_rate,
                 **update_metrics,
                 "train/rollout_seconds": rollout_seconds,
                 "train/update_seconds": update_seconds,

@@ -127,6 +127,10 @@ def steps_per_epoch(config: TrainConfig) -> int:
     return config.train_pool_size // config.mazes_per_step
 
 
+# lr_schedule -> SkyRL's optimizer_config.scheduler (constant_with_warmup at 0 warmup steps is constant, its default)
+SKYRL_SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+
+
 def check_supported(config: TrainConfig) -> None:
     """Refuse settings SkyRL cannot honour, before any file is written or GPU is requested."""
     s = config.skyrl
@@ -147,6 +151,16 @@ def check_supported(config: TrainConfig) -> None:
             f"grpo.credit ({config.grpo.credit!r}) is not supported by the SkyRL backend: its GRPO advantage sums "
             "a trajectory's step rewards into one value for every turn; set grpo.credit: episode (the shaping "
             "terms are then paid per step and summed) or use backend: local"
+        )
+    optimizer_steps = config.grpo.update_epochs * (
+        config.mazes_per_step // (config.mini_batch_mazes or config.mazes_per_step)
+    )
+    if config.lr_schedule != "constant" and optimizer_steps > 1:
+        raise SkyrlConfigError(
+            f"lr_schedule ({config.lr_schedule!r}) with {optimizer_steps} optimizer steps per training step is not "
+            "supported by the SkyRL backend: SkyRL advances its scheduler on every optimizer step over `steps` "
+            "in all, so the rate would reach 0 early; set grpo.update_epochs: 1 and leave mini_batch_mazes unset, "
+            "or lr_schedule: constant"
         )
     if not config.freeze_vision:
         raise SkyrlConfigError(
@@ -254,6 +268,9 @@ def build_overrides(config: TrainConfig) -> dict[str, Any]:
         "trainer.max_training_steps": config.steps,
         "trainer.seed": config.seed,
         "trainer.policy.optimizer_config.lr": config.learning_rate,
+        # transformers' get_scheduler over max_training_steps (= steps), advanced once per optimizer step
+        "trainer.policy.optimizer_config.scheduler": SKYRL_SCHEDULERS[config.lr_schedule],
+        "trainer.policy.optimizer_config.num_warmup_steps": 0,
         "trainer.policy.optimizer_config.weight_decay": config.weight_decay,
         "trainer.policy.optimizer_config.max_grad_norm": config.max_grad_norm,
         "trainer.max_prompt_length": s.max_prompt_length,
