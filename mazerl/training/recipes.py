@@ -36,13 +36,15 @@ MINIATURE_TRAINING: dict[str, Any] = {
 EMBEDDED_TRAINING: dict[str, Any] = {
     "history_images": 1,
     "history_text": "feedback",  # as maze-starter-v4 was warm-started
-    # 50: over 3 seeds from maze-starter-v4 the greedy curve peaked at step 50 (55-58%) and two seeds
-    # fell back to 47% by step 100 (docs/performance.md, learning search); a constant learning rate
-    # makes a 50-step run the first half of those runs.
-    "steps": 50,
+    # 100 steps with the rate decayed to 0 (cosine): at a constant 1e-3 the greedy curves from
+    # maze-starter-v4 swung by 5-10 points between evals and one fresh-clone run fell to 28.9% at
+    # step 50; the decay lets the last checkpoint, the run's model, settle (docs/performance.md,
+    # learning search, 2026-12-02).
+    "steps": 100,
     "mazes_per_step": 16,
     "train_pool_size": 512,
     "learning_rate": 1e-3,
+    "lr_schedule": "cosine",
     "checkpoint_interval": 25,
     "checkpoints_kept": 2,
     "eval_interval": 25,
