@@ -35,6 +35,13 @@ from mazerl.eval_files import read_result_rows  # noqa: E402
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
+def epochs_words(grpo: dict) -> str:
+    """One update epoch is a plain policy-gradient step (the ratio is 1: nothing clips); more are clipped."""
+    if grpo["update_epochs"] == 1:
+        return "1 update epoch per batch (a plain policy-gradient step)"
+    return f"{grpo['update_epochs']} clipped epochs per batch (clip {grpo['clip_low']})"
+
+
 def run_dir(root: Path, seed: int) -> Path:
     return root / "runs" / f"recipe-seed{seed}"
 
@@ -163,8 +170,8 @@ def report(args: argparse.Namespace) -> None:
             "(`bench/learning_result.py`)",
             "",
             f"`mazerl.training.recipes.EMBEDDED_TRAINING`: {config['steps']} steps of {config['mazes_per_step']} mazes x "
-            f"{grpo['samples_per_maze']} samples, {grpo['update_epochs']} clipped epochs per batch (clip "
-            f"{grpo['clip_low']}), learning rate {config['learning_rate']:g}, temperature {grpo['temperature']:g}, "
+            f"{grpo['samples_per_maze']} samples, {epochs_words(grpo)}, learning rate {config['learning_rate']:g} "
+            f"({config.get('lr_schedule', 'constant')}), temperature {grpo['temperature']:g}, "
             f"LoRA rank {config['lora']['rank']} on the language model (vision frozen), {config['torch_threads']} torch "
             f"thread(s), context: {context_words(config)}. Training seeds "
             f"{', '.join(str(s) for s in args.seeds)} from the same starter; greedy success on all 256 held-out "
