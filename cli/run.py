@@ -33,7 +33,8 @@ from pydantic import ValidationError
 from cli import prefect_server, resume
 from mazerl import paths
 from mazerl.cluster.client import ray_headers
-from mazerl.cluster.ray_local import check_temp_dir, find_local_head, local_ray_head
+from mazerl.cluster.head_dir import check_temp_dir
+from mazerl.cluster.ray_local import find_local_head, local_ray_head
 from mazerl.cluster.submitter import stop_pipeline_jobs
 from mazerl.input_files import InputFileError, parse_json, read_input_text
 from mazerl.params import PRESETS, PipelineParams, control_character, redacted

@@ -44,8 +44,9 @@ from mlflow.tracking import MlflowClient
 from test_cluster_verify import fake_model_dir
 from test_fault_injection import training_processes, wait_for  # the trainer-process helpers, one home
 
+from mazerl.cluster.head_env import head_env
 from mazerl.cluster.loopback import free_ports
-from mazerl.cluster.ray_local import LocalRayHead, _head_env, start_local_head
+from mazerl.cluster.ray_local import LocalRayHead, start_local_head
 from mazerl.params import PipelineParams
 from mazerl.training import checkpoints
 from mazerl.training.recipes import MINIATURE_TRAINING
@@ -144,7 +145,7 @@ class RehearsalCluster:
             f"--runtime-env-agent-port={runtime_env}",
             f"--metrics-export-port={metrics}",
         ]
-        env = _head_env(  # a multi-node cluster on one machine must opt out of Ray's local-only mode
+        env = head_env(  # a multi-node cluster on one machine must opt out of Ray's local-only mode
             self.head.token_path,
             {"RAY_NODE_TYPE_NAME": shape["group"], "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", **NO_PRESTART},
         )

@@ -242,7 +242,7 @@ def test_eval_command_runs_on_a_loopback_only_head_and_leaves_no_token_where_oth
     import sys
     import time
 
-    from mazerl.cluster.ray_local import REGISTRY_NAME
+    from mazerl.cluster.head_dir import REGISTRY_NAME
 
     # Given `mazerl eval` with no --ray-address, in a fresh TMPDIR and HOME (as on a laptop),
     home, temp, out = tmp_path / "home", Path(tempfile.mkdtemp(prefix="mzr-e", dir="/tmp")), tmp_path / "eval"

@@ -1,6 +1,9 @@
 """Ray cluster plumbing: the embedded local head, job submission, readiness checks, HyperPod.
 
 - :mod:`~mazerl.cluster.ray_local`: start/reuse/stop the local head (127.0.0.1, token auth).
+- :mod:`~mazerl.cluster.head_dir`, :mod:`~mazerl.cluster.head_env`, :mod:`~mazerl.cluster.head_leases`,
+  :mod:`~mazerl.cluster.head_process`: its private temp dir, its jobs' environment, its users, its processes;
+  :mod:`~mazerl.cluster.ray_driver`: this process as its Ray driver.
 - :mod:`~mazerl.cluster.client`: addresses (``http://``, ``sagemaker_ray://``) -> job client.
 - :mod:`~mazerl.cluster.submitter`: run a stage as a Ray job (re-attach, logs, watchdog).
 - :mod:`~mazerl.cluster.verify`: ``verify_cluster`` rows; :mod:`~mazerl.cluster.probe` runs in the cluster.
