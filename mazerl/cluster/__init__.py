@@ -6,6 +6,9 @@
   :mod:`~mazerl.cluster.ray_driver`: this process as its Ray driver.
 - :mod:`~mazerl.cluster.client`: addresses (``http://``, ``sagemaker_ray://``) -> job client.
 - :mod:`~mazerl.cluster.submitter`: run a stage as a Ray job (re-attach, logs, watchdog).
+- :mod:`~mazerl.cluster.job_spec`, :mod:`~mazerl.cluster.pipeline_jobs`, :mod:`~mazerl.cluster.job_log`,
+  :mod:`~mazerl.cluster.hang_watchdog`, :mod:`~mazerl.cluster.job_outcome`: what a job is, a run's jobs,
+  following its log, the hang watchdog, how it ended.
 - :mod:`~mazerl.cluster.verify`: ``verify_cluster`` rows; :mod:`~mazerl.cluster.probe` runs in the cluster.
 - :mod:`~mazerl.cluster.hyperpod`: SageMaker HyperPod cluster and node health.
 - :mod:`~mazerl.cluster.metrics`: training gauges for Grafana through Ray's metrics API.
