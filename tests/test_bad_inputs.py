@@ -202,7 +202,8 @@ def pipeline_gate(values: dict) -> Exception:
 def cluster_gate(values: dict, hyperpod_client=None) -> Exception:
     """``verify_cluster`` with the requirements and fixes the pipeline's first stage uses."""
     from mazerl.cluster.fixes import CLUSTER_FIXES
-    from mazerl.cluster.verify import requirements_for, verify_cluster
+    from mazerl.cluster.run_requirements import requirements_for
+    from mazerl.cluster.verify import verify_cluster
     from tasks.context import ray_headers
 
     params = PipelineParams.model_validate(values)

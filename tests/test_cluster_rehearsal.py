@@ -257,7 +257,8 @@ def test_rehearsal_no_gpu_standin_cuda_and_vllm_verify_cluster_counts_gpus_per_n
     from mazerl.cluster.fixes import CLUSTER_FIXES
     from mazerl.cluster.gpu_smoke import CHECKS, GpuSmoke
     from mazerl.cluster.report import ClusterNotReadyError
-    from mazerl.cluster.verify import requirements_for, verify_cluster
+    from mazerl.cluster.run_requirements import requirements_for
+    from mazerl.cluster.verify import verify_cluster
     from mazerl.merge.memory import merge_memory
 
     # given the hyperpod deployment's training placement (3 nodes x 2 GPUs) and its eval (6 vLLM workers),
