@@ -46,9 +46,9 @@ from urllib.parse import urlencode, urlparse
 
 from envs.evalset import EvalSetError, load
 from mazerl import paths
+from mazerl.address_forms import DATABASE_SCHEMES, check_ray_address_form, control_character, redacted
 from mazerl.cluster.loopback import is_loopback_host
 from mazerl.cluster.probe import check_model_dir
-from mazerl.params import DATABASE_SCHEMES, check_ray_address_form, control_character, redacted
 from mazerl.starter.record import RECORD_FILE
 from mazerl.starter.shipped import SHIPPED_DIGEST, SHIPPED_DIR, SHIPPED_NAME, directory_digest
 
