@@ -330,7 +330,8 @@ def test_model_directory_with_remote_code_is_loaded_without_running_it(
     starter_model_dir, tmp_path, model_type, accepted
 ):
     from mazerl.policy.loader import ModelLoadError, load_policy
-    from mazerl.preflight import InputError, check_base_model
+    from mazerl.preflight.input_error import InputError
+    from mazerl.preflight.model_dir import check_base_model
 
     model_dir = tmp_path / "model"
     marker = with_remote_code(Path(starter_model_dir), model_dir, model_type)
