@@ -38,10 +38,11 @@ from bench.report import write_section  # noqa: E402
 from mazerl.policy.engines import HFEngine  # noqa: E402
 from mazerl.policy.prefix_engine import PrefixCachingEngine  # noqa: E402
 from mazerl.training.config import TrainConfig  # noqa: E402
-from mazerl.training.local_trainer import LocalGRPOTrainer, seed_everything, step_seed  # noqa: E402
+from mazerl.training.local_trainer import LocalGRPOTrainer  # noqa: E402
 from mazerl.training.per_turn_oracle import PerTurnScorer  # noqa: E402
 from mazerl.training.recipes import EMBEDDED_TRAINING  # noqa: E402
 from mazerl.training.scoring import PackedScorer  # noqa: E402
+from mazerl.training.seeding import seed_everything, step_seed  # noqa: E402
 
 VARIANTS = {  # name -> (engine, scorer, history_text override or None for the recipe's)
     "before": (HFEngine, PerTurnScorer, "all"),

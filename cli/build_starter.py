@@ -12,7 +12,8 @@ import tempfile
 from pathlib import Path
 
 from mazerl.atomic import install_dir
-from mazerl.preflight import InputError, check_data_root
+from mazerl.preflight.data_root import check_data_root
+from mazerl.preflight.input_error import InputError
 from mazerl.starter.shipped import SHIPPED_DIR, directory_digest
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2

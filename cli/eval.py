@@ -21,17 +21,12 @@ from typing import TYPE_CHECKING
 from envs.evalset import DEFAULT_EVAL_SET, SPECS, EvalSetError, load
 from mazerl import paths
 from mazerl.cluster.errors import ConfigError
-from mazerl.cluster.ray_local import check_temp_dir
+from mazerl.cluster.head_dir import check_temp_dir
 from mazerl.evaluation.on_cluster import evaluate_as_job, is_job_server_address
-from mazerl.preflight import (
-    InputError,
-    check_base_model,
-    check_data_root,
-    check_ray_address,
-    check_ray_address_env,
-    check_ray_address_form_as,
-    check_root_env,
-)
+from mazerl.preflight.data_root import check_data_root, check_root_env
+from mazerl.preflight.input_error import InputError
+from mazerl.preflight.model_dir import check_base_model
+from mazerl.preflight.ray_address import check_ray_address, check_ray_address_env, check_ray_address_form_as
 from mazerl.starter.record import RECORD_FILE
 
 if TYPE_CHECKING:

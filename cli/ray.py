@@ -27,7 +27,8 @@ def add_ray_command(subparsers: argparse._SubParsersAction) -> None:
 
 
 def status_command(args: argparse.Namespace) -> int:
-    from mazerl.cluster.ray_local import UnsafeTempDirError, default_temp_dir, find_local_head, lease_holders
+    from mazerl.cluster.head_dir import UnsafeTempDirError, default_temp_dir
+    from mazerl.cluster.ray_local import find_local_head, lease_holders
 
     try:
         head = find_local_head()
@@ -46,7 +47,8 @@ def status_command(args: argparse.Namespace) -> int:
 
 
 def stop_command(args: argparse.Namespace) -> int:
-    from mazerl.cluster.ray_local import LocalRayError, UnsafeTempDirError, default_temp_dir, stop_idle_head
+    from mazerl.cluster.head_dir import UnsafeTempDirError, default_temp_dir
+    from mazerl.cluster.ray_local import LocalRayError, stop_idle_head
 
     try:
         head = stop_idle_head(force=args.force)

@@ -32,12 +32,17 @@ from pydantic import ValidationError
 
 from cli import prefect_server, resume
 from mazerl import paths
+from mazerl.address_forms import control_character, redacted
 from mazerl.cluster.client import ray_headers
-from mazerl.cluster.ray_local import check_temp_dir, find_local_head, local_ray_head
-from mazerl.cluster.submitter import stop_pipeline_jobs
+from mazerl.cluster.head_dir import check_temp_dir
+from mazerl.cluster.pipeline_jobs import stop_pipeline_jobs
+from mazerl.cluster.ray_local import find_local_head, local_ray_head
 from mazerl.input_files import InputFileError, parse_json, read_input_text
-from mazerl.params import PRESETS, PipelineParams, control_character, redacted
-from mazerl.preflight import InputError, check_pipeline_inputs, check_ray_address, check_ray_address_env, fetch
+from mazerl.params import PRESETS, PipelineParams
+from mazerl.preflight.http_answer import fetch
+from mazerl.preflight.input_error import InputError
+from mazerl.preflight.pipeline import check_pipeline_inputs
+from mazerl.preflight.ray_address import check_ray_address, check_ray_address_env
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 # Lines of a run that tell its user nothing at the terminal. Only the terminal drops them: Prefect's

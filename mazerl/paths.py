@@ -19,7 +19,7 @@ def data_root(root: str | os.PathLike | None = None) -> Path:
     """Resolve the data root: the argument, else ``$MAZERL_HOME``, else ``./.mazerl`` (absolute).
 
     A path that cannot exist (a name longer than the file system allows) is made absolute without
-    resolving links, so :func:`mazerl.preflight.check_data_root` can say what is wrong with it.
+    resolving links, so :func:`mazerl.preflight.data_root.check_data_root` can say what is wrong with it.
     """
     chosen = Path(root or os.environ.get(ROOT_ENV_VAR) or DEFAULT_ROOT).expanduser()
     try:

@@ -40,7 +40,8 @@ from prefect.logging.loggers import flow_run_logger
 from prefect.states import Crashed
 
 from mazerl.params import PipelineParams
-from mazerl.preflight import InputError, check_tracking_uri
+from mazerl.preflight.input_error import InputError
+from mazerl.preflight.tracking_store import check_tracking_uri
 from mazerl.tracking.lineage import end_pipeline_run
 
 UNFINISHED = (StateType.RUNNING, StateType.PENDING)

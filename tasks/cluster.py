@@ -8,7 +8,7 @@ from prefect.artifacts import create_table_artifact
 from mazerl.cluster.client import ray_headers
 from mazerl.cluster.fixes import CLUSTER_FIXES
 from mazerl.cluster.gpu_smoke import smoke_for
-from mazerl.cluster.verify import requirements_for
+from mazerl.cluster.run_requirements import requirements_for
 from mazerl.cluster.verify import verify_cluster as check_readiness
 from mazerl.merge.memory import merge_memory
 from mazerl.params import PipelineParams

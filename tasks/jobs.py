@@ -14,8 +14,9 @@ from prefect.runtime import deployment, flow_run, task_run
 from mazerl import atomic
 from mazerl.cluster.client import ray_headers
 from mazerl.cluster.errors import RetryableJobError
+from mazerl.cluster.job_outcome import JobOutcome
 from mazerl.cluster.job_spec import module_entrypoint
-from mazerl.cluster.submitter import JobOutcome, RayJob
+from mazerl.cluster.submitter import RayJob
 from tasks.context import RunContext
 
 # A job's output is a log, not a terminal: Hugging Face's progress bars ("Loading weights",

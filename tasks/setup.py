@@ -18,7 +18,9 @@ from mazerl.cluster.ray_local import ensure_local_head
 from mazerl.fingerprint import model_fingerprint
 from mazerl.params import EvalParams, PipelineParams
 from mazerl.paths import run_id_for
-from mazerl.preflight import InputError, check_pipeline_inputs, check_tracking_uri
+from mazerl.preflight.input_error import InputError
+from mazerl.preflight.pipeline import check_pipeline_inputs
+from mazerl.preflight.tracking_store import check_tracking_uri
 from mazerl.reporting.eval_runs import start_eval_run
 from mazerl.run_clock import RunClock, work_keys
 from mazerl.starter.build import ensure_starter

@@ -202,7 +202,8 @@ def pipeline_gate(values: dict) -> Exception:
 def cluster_gate(values: dict, hyperpod_client=None) -> Exception:
     """``verify_cluster`` with the requirements and fixes the pipeline's first stage uses."""
     from mazerl.cluster.fixes import CLUSTER_FIXES
-    from mazerl.cluster.verify import requirements_for, verify_cluster
+    from mazerl.cluster.run_requirements import requirements_for
+    from mazerl.cluster.verify import verify_cluster
     from tasks.context import ray_headers
 
     params = PipelineParams.model_validate(values)
@@ -1405,7 +1406,8 @@ def test_a_well_formed_tracking_uri_is_accepted_by_the_parameters(uri):
     ],
 )
 def test_ray_address_in_the_environment_is_refused_only_where_ray_could_not_parse_it(monkeypatch, value, accepted):
-    from mazerl.preflight import InputError, check_ray_address_env
+    from mazerl.preflight.input_error import InputError
+    from mazerl.preflight.ray_address import check_ray_address_env
 
     monkeypatch.setenv("RAY_ADDRESS", value)
     if accepted:
@@ -1419,7 +1421,8 @@ def test_ray_address_in_the_environment_is_refused_only_where_ray_could_not_pars
 def test_a_sagemaker_arn_passes_the_preflight_once_its_plugin_is_importable_without_asking_aws(monkeypatch):
     import importlib.util
 
-    from mazerl.preflight import InputError, check_tracking_uri
+    from mazerl.preflight.input_error import InputError
+    from mazerl.preflight.tracking_store import check_tracking_uri
 
     # Given a well-formed ARN, the preflight asks for the plugin that resolves it, and nothing else:
     real_find_spec = importlib.util.find_spec
@@ -1444,7 +1447,8 @@ def test_a_real_mlflow_server_passes_the_tracking_check_and_a_look_alike_does_no
     """A real ``mlflow server`` (the REST API the check asks), with and without the run's experiment."""
     from mlflow.tracking import MlflowClient
 
-    from mazerl.preflight import InputError, check_tracking_uri
+    from mazerl.preflight.input_error import InputError
+    from mazerl.preflight.tracking_store import check_tracking_uri
 
     database = tmp_path / "mlflow.db"
     shutil.copy(_mlflow_template_db, database)
@@ -1683,7 +1687,7 @@ def test_the_training_entry_refuses_a_config_nested_too_deep_with_exit_2(tmp_pat
 
 
 def test_a_real_models_run_on_the_embedded_set_gets_the_pool_the_world_has(starter_model_dir, tmp_path):
-    from mazerl.preflight import check_pipeline_inputs
+    from mazerl.preflight.pipeline import check_pipeline_inputs
     from mazerl.training.local_trainer import LocalGRPOTrainer
 
     # Given `mazerl run --base-model <starter dir> --eval-set maze256-small-v1` (no recipe: TrainConfig's defaults),

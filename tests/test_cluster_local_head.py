@@ -20,14 +20,8 @@ import pytest
 
 from mazerl.cluster.client import job_client
 from mazerl.cluster.errors import RetryableJobError
-from mazerl.cluster.ray_local import (
-    REGISTRY_NAME,
-    LocalRayError,
-    ensure_local_head,
-    find_local_head,
-    local_ray_head,
-    start_local_head,
-)
+from mazerl.cluster.head_dir import REGISTRY_NAME
+from mazerl.cluster.ray_local import LocalRayError, ensure_local_head, find_local_head, local_ray_head, start_local_head
 from mazerl.cluster.submitter import RayJob
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
@@ -158,7 +152,7 @@ def short_temp(prefix: str) -> Path:
 
 
 def test_a_head_temp_dir_that_others_own_or_can_write_is_refused():
-    from mazerl.cluster.ray_local import UnsafeTempDirError, check_temp_dir
+    from mazerl.cluster.head_dir import UnsafeTempDirError, check_temp_dir
 
     opened, foreign = short_temp("mzr-o"), short_temp("mzr-f")
     try:

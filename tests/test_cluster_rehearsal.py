@@ -44,8 +44,9 @@ from mlflow.tracking import MlflowClient
 from test_cluster_verify import fake_model_dir
 from test_fault_injection import training_processes, wait_for  # the trainer-process helpers, one home
 
+from mazerl.cluster.head_env import head_env
 from mazerl.cluster.loopback import free_ports
-from mazerl.cluster.ray_local import LocalRayHead, _head_env, start_local_head
+from mazerl.cluster.ray_local import LocalRayHead, start_local_head
 from mazerl.params import PipelineParams
 from mazerl.training import checkpoints
 from mazerl.training.recipes import MINIATURE_TRAINING
@@ -144,7 +145,7 @@ class RehearsalCluster:
             f"--runtime-env-agent-port={runtime_env}",
             f"--metrics-export-port={metrics}",
         ]
-        env = _head_env(  # a multi-node cluster on one machine must opt out of Ray's local-only mode
+        env = head_env(  # a multi-node cluster on one machine must opt out of Ray's local-only mode
             self.head.token_path,
             {"RAY_NODE_TYPE_NAME": shape["group"], "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", **NO_PRESTART},
         )
@@ -256,7 +257,8 @@ def test_rehearsal_no_gpu_standin_cuda_and_vllm_verify_cluster_counts_gpus_per_n
     from mazerl.cluster.fixes import CLUSTER_FIXES
     from mazerl.cluster.gpu_smoke import CHECKS, GpuSmoke
     from mazerl.cluster.report import ClusterNotReadyError
-    from mazerl.cluster.verify import requirements_for, verify_cluster
+    from mazerl.cluster.run_requirements import requirements_for
+    from mazerl.cluster.verify import verify_cluster
     from mazerl.merge.memory import merge_memory
 
     # given the hyperpod deployment's training placement (3 nodes x 2 GPUs) and its eval (6 vLLM workers),

@@ -11,7 +11,8 @@ import pytest
 from mazerl.cluster.errors import ConfigError
 from mazerl.cluster.probe import check_model_dir, read_probe, remove_probe, write_probe
 from mazerl.cluster.report import CheckRow, ClusterNotReadyError, ClusterReport
-from mazerl.cluster.verify import requirements_for, verify_cluster
+from mazerl.cluster.run_requirements import requirements_for
+from mazerl.cluster.verify import verify_cluster
 from mazerl.merge.memory import merge_memory
 from mazerl.training.config import TrainConfig
 
@@ -186,7 +187,8 @@ QWEN3_VL_8B_WEIGHTS = 17_534_000_000
 
 
 def test_the_free_space_row_sizes_skyrls_full_model_checkpoints_and_the_merged_copies(tmp_path):
-    from mazerl.cluster.verify import GIB, _storage_rows, lora_parameters
+    from mazerl.cluster.run_requirements import GIB, lora_parameters
+    from mazerl.cluster.verify import _storage_rows
 
     config = TrainConfig(run_id="r", base_model=tmp_path, backend="skyrl", skyrl={"num_gpus": 2, "num_nodes": 3})
     skyrl = requirements_for(config, max_artifact_mb=512)["footprint"]

@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from mazerl.training import checkpoints
-from mazerl.training.config import TrainConfig, save_config
-from mazerl.training.local_trainer import LocalGRPOTrainer, TrainingConfigError
+from mazerl.training.config import TrainConfig, TrainingConfigError, save_config
+from mazerl.training.local_trainer import LocalGRPOTrainer
 from mazerl.training.recipes import MINIATURE_TRAINING
 
 
@@ -206,7 +206,8 @@ def test_bad_context_modes_are_refused_by_the_config_with_the_fix(tmp_path, star
 
 
 def test_mini_batches_hold_whole_groups_in_rollout_order():
-    from mazerl.training.local_trainer import TurnSample, mini_batches
+    from mazerl.training.grpo import mini_batches
+    from mazerl.training.scoring import TurnSample
 
     samples = [TurnSample([1], [], [2], 0.5, f"train/{maze}") for maze in (7, 7, 3, 3, 3, 9, 5, 5)]
     batches = mini_batches(samples, 2)
@@ -264,7 +265,7 @@ def test_mini_batch_mazes_must_divide_mazes_per_step(tmp_path, starter_model_dir
 def test_adapters_go_where_the_config_says(tmp_path, starter_model_dir, overrides, adapted, not_adapted):
     # Given a config, when the trainer attaches its adapters to the starter,
     from mazerl.policy.loader import load_policy
-    from mazerl.training.local_trainer import attach_lora
+    from mazerl.training.lora_adapter import attach_lora
 
     model = attach_lora(
         load_policy(starter_model_dir, device="cpu").model, tiny_config(tmp_path, starter_model_dir, **overrides)

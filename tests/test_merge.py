@@ -138,7 +138,7 @@ def test_vision_tower_adapters_are_merged_and_the_trained_context_mode_recorded(
     # tower and mergers), from a run that trained in another context mode than the starter's,
     from mazerl.starter.record import recorded_context_mode
     from mazerl.training.config import TrainConfig
-    from mazerl.training.local_trainer import lora_pattern
+    from mazerl.training.lora_adapter import lora_pattern
 
     config = TrainConfig(
         run_id="v", base_model=starter_model_dir, freeze_vision=False, history_images=1, history_text=0

@@ -16,7 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mazerl.cluster.ray_local import default_temp_dir, find_local_head
+from mazerl.cluster.head_dir import default_temp_dir
+from mazerl.cluster.ray_local import find_local_head
 
 MAZERL = [sys.executable, "-m", "cli.main"]
 

@@ -16,7 +16,7 @@ from mazerl.policy.episodes import run_episodes
 from mazerl.policy.loader import load_policy
 from mazerl.policy.prefix_engine import PrefixCachingEngine
 from mazerl.training.grpo import clipped_surrogate, reduce_token_mean
-from mazerl.training.local_trainer import language_model_lora_pattern
+from mazerl.training.lora_adapter import language_model_lora_pattern
 from mazerl.training.per_turn_oracle import PerTurnScorer
 from mazerl.training.scoring import PackedScorer, TurnSample
 

@@ -242,7 +242,7 @@ def test_eval_command_runs_on_a_loopback_only_head_and_leaves_no_token_where_oth
     import sys
     import time
 
-    from mazerl.cluster.ray_local import REGISTRY_NAME
+    from mazerl.cluster.head_dir import REGISTRY_NAME
 
     # Given `mazerl eval` with no --ray-address, in a fresh TMPDIR and HOME (as on a laptop),
     home, temp, out = tmp_path / "home", Path(tempfile.mkdtemp(prefix="mzr-e", dir="/tmp")), tmp_path / "eval"
@@ -330,7 +330,8 @@ def test_model_directory_with_remote_code_is_loaded_without_running_it(
     starter_model_dir, tmp_path, model_type, accepted
 ):
     from mazerl.policy.loader import ModelLoadError, load_policy
-    from mazerl.preflight import InputError, check_base_model
+    from mazerl.preflight.input_error import InputError
+    from mazerl.preflight.model_dir import check_base_model
 
     model_dir = tmp_path / "model"
     marker = with_remote_code(Path(starter_model_dir), model_dir, model_type)

@@ -396,7 +396,7 @@ def test_cancelling_the_caller_stops_the_ray_job(local_ray_head, scripts):
 def test_a_caller_stopped_where_a_retry_re_attaches_keeps_its_job_and_an_abandoned_run_has_its_jobs_stopped(
     local_ray_head, scripts
 ):
-    from mazerl.cluster.submitter import stop_pipeline_jobs
+    from mazerl.cluster.pipeline_jobs import stop_pipeline_jobs
 
     lines: list[str] = []
 

@@ -185,7 +185,8 @@ def test_a_role_after_a_hash_is_not_the_plugins_and_is_refused_naming_the_variab
     """sagemaker-mlflow takes the role to assume from SAGEMAKER_MLFLOW_ASSUME_ROLE_ARN, never from the URI."""
     from sagemaker_mlflow.mlflow_sagemaker_helpers import SageMakerMLflowHostMetadataProvider
 
-    from mazerl.params import ASSUME_ROLE_VAR, PipelineParams
+    from mazerl.address_forms import ASSUME_ROLE_VAR
+    from mazerl.params import PipelineParams
 
     role = "arn:aws:iam::123456789012:role/mazerl-mlflow"
     # Given the real plugin, a "#<role>" after the ARN stays in the server's ARN it sends (its routing header),

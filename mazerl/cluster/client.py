@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 SAGEMAKER_SCHEME = "sagemaker_ray"
 SAGEMAKER_MODULE = "sagemaker_ray"  # the top-level module the toolkit installs for Ray to import
 HYPERPOD_INSTALL_HINT = "pip install 'mazerl[hyperpod]'  (toolkit-for-ray-on-sagemaker-ai)"
+_AUTH_REFUSED = re.compile(r"status code 40[13]\b")  # Ray's job client: "Request failed with status code 401"
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,12 @@ def cluster_nodes(
         raise RetryableJobError(
             f"Ray at {address} did not list its nodes: {type(exc).__name__}: {str(exc)[:200]}", address=str(address)
         ) from None
+
+
+def auth_refused(exc: Exception) -> bool:
+    """A 401/403 from the job API: Ray >= 2.5x raises AuthenticationError, older clients a
+    RuntimeError naming the status code."""
+    return type(exc).__name__ == "AuthenticationError" or bool(_AUTH_REFUSED.search(str(exc)))
 
 
 def _map_client_error(address: RayAddress, exc: Exception) -> Exception:

@@ -20,6 +20,11 @@ from mazerl.cluster.errors import ClusterAccessError, ConfigError, RetryableJobE
 from mazerl.cluster.report import CheckRow
 
 REQUIRED_ACTIONS = "sagemaker:DescribeCluster and sagemaker:ListClusterNodes"
+HYPERPOD_ACCESS_HINT = (
+    "The run goes on without HyperPod's node health (the Ray rows above decide readiness). To turn it on, "
+    "give the flow-run pods' service account an EKS Pod Identity association with a role that allows "
+    "sagemaker:DescribeCluster and sagemaker:ListClusterNodes, and set AWS_REGION in their env (docs/hyperpod.md)"
+)
 
 
 class HyperPodAccessError(ClusterAccessError):
@@ -168,3 +173,20 @@ def _call(fn, cluster_name: str, **kwargs):
         if code in ("ThrottlingException", "ServiceUnavailable", "InternalFailure"):
             raise RetryableJobError(f"SageMaker API {code}: {message}", address=f"hyperpod:{cluster_name}") from None
         raise
+
+
+def hyperpod_rows(cluster: str, region: str | None, client: Any) -> list[CheckRow]:
+    """HyperPod's own view of the nodes. Optional: the Ray rows already say whether the cluster
+    can run the job, so when the SageMaker API cannot be asked at all (a flow pod without an IAM
+    identity, region or permission; no route to the API) the row is advisory. A wrong cluster
+    name, or an answer that shows failed nodes, still stops the run."""
+    expected = f"HyperPod cluster {cluster} readable and InService"
+    try:
+        return check_hyperpod(cluster, region=region, client=client)
+    except HyperPodClusterNotFound as exc:
+        return [CheckRow("hyperpod.cluster", expected, str(exc), False)]
+    except (HyperPodAccessError, RetryableJobError) as exc:
+        found = f"not checked: {exc}. {HYPERPOD_ACCESS_HINT}"
+        return [CheckRow("hyperpod.cluster", expected, found, False, advisory=True)]
+    except ConfigError as exc:
+        return [CheckRow("hyperpod.cluster", expected, str(exc), False)]

@@ -106,3 +106,39 @@ def job_status(job) -> str:
     """A job's status as a plain string (Ray gives an enum or a string, by version)."""
     status = job.status
     return str(getattr(status, "value", status))
+
+
+def submission_metadata(
+    pipeline_run_id: str,
+    stage: str,
+    attempt: int,
+    identity: dict[str, str] | None = None,
+    entrypoint_memory: int | None = None,
+    entrypoint_num_cpus: float | None = None,
+) -> dict[str, str]:
+    """The metadata a new job is submitted with: its run, stage and attempt, its identity, what its driver asked for.
+
+    Ray's job listing (JobDetails) shows neither the memory nor the CPUs the driver asked for;
+    operators and tests can read them here.
+    """
+    metadata = {META_RUN: pipeline_run_id, META_STAGE: stage, META_ATTEMPT: str(attempt)}
+    metadata |= {META_IDENTITY_PREFIX + key: str(value) for key, value in (identity or {}).items()}
+    if entrypoint_memory is not None:
+        metadata[META_MEMORY] = str(int(entrypoint_memory))
+    if entrypoint_num_cpus is not None:
+        metadata[META_CPUS] = str(entrypoint_num_cpus)
+    return metadata
+
+
+def job_metadata(job) -> dict[str, str]:
+    """A listed job's metadata (Ray gives None for a job submitted without any)."""
+    return job.metadata or {}
+
+
+def job_identity(job) -> dict[str, str]:
+    """The identity keys of a job's metadata, without their prefix (``config_digest``, ``data_root``)."""
+    return {
+        k.removeprefix(META_IDENTITY_PREFIX): v
+        for k, v in job_metadata(job).items()
+        if k.startswith(META_IDENTITY_PREFIX)
+    }

@@ -6,38 +6,25 @@ real cluster, so it needs a Ray head with a job server. This module starts one w
 crashed caller (a re-run re-attaches to its still-running job) and can be stopped by its
 process id without touching any other Ray on the machine.
 
-Security: every Ray process of this head binds to 127.0.0.1. ``--dashboard-host`` covers the
-dashboard only; the GCS, raylet and agents bind to the node IP, which Ray on Linux resolves
-to the machine's external address even when ``--node-ip-address 127.0.0.1`` is given. Ray's
-own local-only mode (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, the default on macOS and
-Windows) keeps the loopback address, so the head is started with it (tests check the
-listening sockets). Token authentication is on (``RAY_AUTH_MODE=token``) with a fresh random
-token per head, kept in a 0600 file in the head's temp dir and never logged; clients send
-it as an ``Authorization: Bearer`` header (:meth:`LocalRayHead.auth_headers`), which Ray's
-standard ``JobSubmissionClient(address, headers=...)`` accepts.
-
-The head's temp dir is private: it must belong to this user and not be group- or
-world-writable (a directory someone else made, or opened up, is refused: whoever can write
-there can replace the registry or the token). Ray's own temp dir is a subdirectory of it
-(``r/``): Ray makes that one 0777 whenever it starts a worker (measured with Ray 2.60), so
-it is the private parent, which Ray never touches, that keeps other users out.
-
-Jobs see only an allow-listed environment (:data:`JOB_ENV_ALLOWED`, plus the names a user
-lists in ``MAZERL_JOB_ENV``): the head's processes start with it, so a cloud secret in the
-user's shell never reaches a job's environment or what Ray records of it.
+Security: every Ray process of this head binds to 127.0.0.1 and token authentication is on
+(``RAY_AUTH_MODE=token``) with a fresh random token per head, kept in a 0600 file in the head's
+temp dir and never logged; clients send it as an ``Authorization: Bearer`` header
+(:meth:`LocalRayHead.auth_headers`), which Ray's standard ``JobSubmissionClient(address,
+headers=...)`` accepts. Why the loopback-only mode and the job environment's allow-list:
+:mod:`mazerl.cluster.head_env`; why the temp dir must be private: :mod:`mazerl.cluster.head_dir`.
 
 One head serves every run of this user (and ``TMPDIR``) at once. Each process that uses it
-holds a lease (``ensure_local_head`` takes one; it ends with the process). A head started
-by :func:`local_ray_head` is stopped when the last lease is given up, not when the run that
-started it ends, so two ``mazerl run`` side by side both finish.
+holds a lease (:mod:`mazerl.cluster.head_leases`; ``ensure_local_head`` takes one; it ends with
+the process). A head started by :func:`local_ray_head` is stopped when the last lease is given
+up, not when the run that started it ends, so two ``mazerl run`` side by side both finish.
 
 Usage::
 
     with local_ray_head() as head:          # starts one, or reuses the running one
         client = JobSubmissionClient(head.address, headers=head.auth_headers())
 
-A process that wants to connect as a Ray *driver* uses :func:`ray_driver` (``ray.init``
-with the head's address and token).
+A process that wants to connect as a Ray *driver* uses
+:func:`~mazerl.cluster.ray_driver.ray_driver` (``ray.init`` with the head's address and token).
 """
 
 from __future__ import annotations
@@ -50,10 +37,8 @@ import logging
 import os
 import secrets
 import signal
-import stat
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -62,79 +47,28 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mazerl.atomic import write_json
+from mazerl.cluster.head_dir import (
+    HEAD_LOG_NAME,
+    LOCK_NAME,
+    RAY_SUBDIR,
+    REGISTRY_NAME,
+    TOKEN_NAME,
+    check_temp_dir,
+    remove,
+    write_secret,
+)
+from mazerl.cluster.head_env import head_env
+from mazerl.cluster.head_leases import live_leases, release_lease, take_lease
+from mazerl.cluster.head_process import is_our_head_process, kill_group, process_group_alive
 from mazerl.cluster.loopback import LOOPBACK, free_ports, is_loopback_ip, port_free
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DASHBOARD_PORT = 8265
-REGISTRY_NAME = "mazerl_head.json"
-TOKEN_NAME = "mazerl_auth_token"
-HEAD_LOG_NAME = "mazerl_head.log"
-LOCK_NAME = "mazerl_head.lock"
-LEASES_NAME = "mazerl_leases"
-PRIVATE_MODE = 0o700
-# What a job needs from the environment that starts the head: where things are, locale,
-# thread counts, devices, Hugging Face/torch caches and offline switches, certificates.
-# Anything else (cloud credentials, tokens, proxies with passwords) stays out unless the user
-# names it in MAZERL_JOB_ENV (comma-separated), e.g. MAZERL_JOB_ENV=MLFLOW_TRACKING_TOKEN.
-JOB_ENV_ALLOWED = frozenset(
-    {
-        "HOME",
-        "USER",
-        "LOGNAME",
-        "SHELL",
-        "PATH",
-        "LANG",
-        "LANGUAGE",
-        "LC_ALL",
-        "LC_CTYPE",
-        "TZ",
-        "TERM",
-        "TMPDIR",
-        "RAY_TMPDIR",
-        "PYTHONPATH",
-        "VIRTUAL_ENV",
-        "MAZERL_HOME",
-        "MAZERL_RAY_METRICS",
-        "OMP_NUM_THREADS",
-        "MKL_NUM_THREADS",
-        "OPENBLAS_NUM_THREADS",
-        "TOKENIZERS_PARALLELISM",
-        "CUDA_VISIBLE_DEVICES",
-        "NVIDIA_VISIBLE_DEVICES",
-        "CUDA_HOME",
-        "HF_HOME",
-        "HF_HUB_CACHE",
-        "HF_HUB_OFFLINE",
-        "TRANSFORMERS_OFFLINE",
-        "HF_DATASETS_OFFLINE",
-        "TORCH_HOME",
-        "XDG_CACHE_HOME",
-        "SSL_CERT_FILE",
-        "SSL_CERT_DIR",
-        "REQUESTS_CA_BUNDLE",
-        "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
-        "MLFLOW_HTTP_REQUEST_TIMEOUT",
-    }
-)
-JOB_ENV_EXTRA_VAR = "MAZERL_JOB_ENV"
-# Ray's Unix socket paths (<temp>/r/session_<date>_<pid>/sockets/plasma_store) must stay under
-# 107 bytes, so the temp dir has to be short.
-MAX_TEMP_DIR_CHARS = 38
-RAY_SUBDIR = "r"  # Ray's --temp-dir, inside ours
-
-
-def default_temp_dir() -> Path:
-    """A short per-user directory (Ray's socket paths have a length limit)."""
-    return Path(tempfile.gettempdir()) / f"mazerl-ray-{os.getuid()}"
 
 
 class LocalRayError(RuntimeError):
     """The local head could not be started or stopped."""
-
-
-class UnsafeTempDirError(ValueError):
-    """The head's temp dir is too long for Ray, or others could write into it: a bad input, not a failure."""
 
 
 @dataclass(frozen=True)
@@ -185,27 +119,27 @@ class LocalRayHead:
 
     def is_alive(self) -> bool:
         """The head process is ours and its job server answers."""
-        return _is_our_head_process(self.pid, self.temp_dir) and _answers(self.address, self.auth_headers())
+        return is_our_head_process(self.pid, self.temp_dir) and _answers(self.address, self.auth_headers())
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop the head: SIGTERM to ``ray start --block`` (it stops its children), then SIGKILL
         to whatever is left of its process group. Safe to call twice."""
-        if not _is_our_head_process(self.pid, self.temp_dir):
-            _remove(self.temp_dir / REGISTRY_NAME)
+        if not is_our_head_process(self.pid, self.temp_dir):
+            remove(self.temp_dir / REGISTRY_NAME)
             return
         log.info("stopping local Ray head at %s (pid %d)", self.address, self.pid)
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and _process_group_alive(self.pid):
+        while time.monotonic() < deadline and process_group_alive(self.pid):
             time.sleep(0.2)
-        if _process_group_alive(self.pid):
+        if process_group_alive(self.pid):
             log.warning(
                 "local Ray head (pid %d) did not stop in %.0f s; killing its process group", self.pid, timeout_s
             )
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGKILL)
-        _remove(self.temp_dir / REGISTRY_NAME)
+        remove(self.temp_dir / REGISTRY_NAME)
 
 
 def start_local_head(
@@ -232,7 +166,7 @@ def start_local_head(
     """
     if not is_loopback_ip(node_ip):
         raise ValueError(f"node_ip ({node_ip}) must be a loopback address (127.x.y.z): the embedded head is local")
-    temp = _temp_dir(temp_dir)
+    temp = check_temp_dir(temp_dir)
     with _registry_lock(temp):
         running = _read_registry(temp)
         if running is not None and running.is_alive():
@@ -246,7 +180,7 @@ def start_local_head(
 
 def find_local_head(temp_dir: str | os.PathLike | None = None) -> LocalRayHead | None:
     """The head registered in ``temp_dir`` if it is still running and answering, else None."""
-    temp = _temp_dir(temp_dir)
+    temp = check_temp_dir(temp_dir)
     with _registry_lock(temp):
         head = _read_registry(temp)
     if head is None or not head.is_alive():
@@ -260,7 +194,7 @@ def ensure_local_head(temp_dir: str | os.PathLike | None = None, **start_kwargs)
     This process takes a lease on it (given up by :func:`local_ray_head`'s exit, or when the
     process ends), so a :func:`local_ray_head` elsewhere does not stop it under this process.
     """
-    temp = _temp_dir(temp_dir)
+    temp = check_temp_dir(temp_dir)
     with _registry_lock(temp):
         return _ensure(temp, start_kwargs, managed=False)
 
@@ -273,24 +207,24 @@ def local_ray_head(temp_dir: str | os.PathLike | None = None, **start_kwargs) ->
     run ends last; a head started otherwise (``start_local_head``, a deployment's flow run) is
     left running.
     """
-    temp = _temp_dir(temp_dir)
+    temp = check_temp_dir(temp_dir)
     with _registry_lock(temp):
         head = _ensure(temp, start_kwargs, managed=True)
     try:
         yield head
     finally:
         with _registry_lock(temp):
-            _release_lease(temp)
+            release_lease(temp)
             current = _read_registry(temp)
-            if current is not None and current.pid == head.pid and current.managed and not _live_leases(temp):
+            if current is not None and current.pid == head.pid and current.managed and not live_leases(temp):
                 current.stop()
 
 
 def lease_holders(temp_dir: str | os.PathLike | None = None) -> list[str]:
     """Process ids of the live processes that hold a lease on the head in ``temp_dir``."""
-    temp = _temp_dir(temp_dir)
+    temp = check_temp_dir(temp_dir)
     with _registry_lock(temp):
-        return [lease.split("-", 1)[0] for lease in _live_leases(temp)]
+        return [lease.split("-", 1)[0] for lease in live_leases(temp)]
 
 
 def stop_idle_head(temp_dir: str | os.PathLike | None = None, *, force: bool = False) -> LocalRayHead | None:
@@ -301,14 +235,14 @@ def stop_idle_head(temp_dir: str | os.PathLike | None = None, *, force: bool = F
     ``temp_dir`` is touched, never another Ray on the machine. Returns the stopped head, or None
     if none runs; raises :class:`LocalRayError` naming the lease holders unless ``force``.
     """
-    temp = _temp_dir(temp_dir)
+    temp = check_temp_dir(temp_dir)
     with _registry_lock(temp):
         head = _read_registry(temp)
-        if head is None or not _is_our_head_process(head.pid, temp):
+        if head is None or not is_our_head_process(head.pid, temp):
             if head is not None:
                 head.stop()  # clears the stale registry
             return None
-        holders = [lease.split("-", 1)[0] for lease in _live_leases(temp)]
+        holders = [lease.split("-", 1)[0] for lease in live_leases(temp)]
         holders = [pid for pid in holders if pid != str(os.getpid())]
         if holders and not force:
             pids = ", ".join(holders)
@@ -318,57 +252,6 @@ def stop_idle_head(temp_dir: str | os.PathLike | None = None, *, force: bool = F
             )
         head.stop()
         return head
-
-
-@contextlib.contextmanager
-def ray_driver(head: LocalRayHead) -> Iterator[None]:
-    """This process as a Ray driver of ``head`` for the block (``ray.init`` with its token), then disconnected.
-
-    The head's client settings (address, token file, loopback-only mode) are in this process's
-    environment only for the block, so other clients of this process are not changed.
-    """
-    import ray
-    from ray._private import ray_constants
-
-    saved = {name: os.environ.get(name) for name in head.client_env()}
-    clusters_enabled = ray_constants.ENABLE_RAY_CLUSTER
-    # Ray reads these settings when it is imported; a process that imported it before (a test
-    # session, a notebook) is brought up to date the way Ray itself does it when it turns token
-    # auth on: refresh its config and its token cache. Without the local-only switch Ray swaps
-    # 127.0.0.1 for the machine's external address.
-    os.environ.update(head.client_env())
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    _refresh_ray_auth()
-    try:
-        ray.init(address=head.gcs_address, log_to_driver=False)
-        try:
-            yield
-        finally:
-            ray.shutdown()
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = clusters_enabled
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        _refresh_ray_auth()
-
-
-def _refresh_ray_auth() -> None:
-    from ray._raylet import AuthenticationTokenLoader, Config
-
-    Config.initialize("")
-    AuthenticationTokenLoader.instance().reset_cache()
-
-
-def check_temp_dir(temp_dir: str | os.PathLike | None = None) -> Path:
-    """The head's temp dir, refused (UnsafeTempDirError) if Ray cannot use it or others can write into it.
-
-    Cheap and writes nothing but the directory itself: what ``mazerl run`` and ``mazerl eval``
-    check before they start anything.
-    """
-    return _temp_dir(temp_dir)
 
 
 # --- internals ---------------------------------------------------------------------------
@@ -387,35 +270,6 @@ def _start_defaults(kwargs: dict) -> dict:
     return {**defaults, **kwargs}
 
 
-def _temp_dir(temp_dir: str | os.PathLike | None) -> Path:
-    temp = Path(temp_dir) if temp_dir is not None else default_temp_dir()
-    temp = temp.expanduser().absolute()
-    if len(str(temp)) > MAX_TEMP_DIR_CHARS:
-        given = "temp_dir" if temp_dir is not None else f"TMPDIR ({tempfile.gettempdir()})"
-        short = Path("/tmp") / f"mazerl-ray-{os.getuid()}"
-        raise UnsafeTempDirError(
-            f"the local Ray head's temp dir {temp} is {len(str(temp))} characters, from {given}; Ray's socket paths "
-            f"under it must stay below 107 bytes, so it may have at most {MAX_TEMP_DIR_CHARS}: set TMPDIR to a "
-            f"shorter directory (e.g. export TMPDIR=/tmp, which gives {short})"
-        )
-    temp.mkdir(mode=PRIVATE_MODE, parents=True, exist_ok=True)
-    info = temp.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise UnsafeTempDirError(
-            f"the local Ray head's temp dir {temp} belongs to uid {info.st_uid}, not to you (uid {os.getuid()}), "
-            "or is not a directory: whoever owns it can replace the head's registry and token. Remove it, or set "
-            "TMPDIR to a directory of your own"
-        )
-    mode = stat.S_IMODE(info.st_mode)
-    if mode & 0o022:
-        raise UnsafeTempDirError(
-            f"the local Ray head's temp dir {temp} has mode {mode:04o}: other users can write into it and could "
-            f"have replaced the head's registry or token. Check it and remove it (rm -rf {temp}), or make it "
-            f"private again (chmod 700 {temp}), then run again"
-        )
-    return temp
-
-
 def _ensure(temp: Path, start_kwargs: dict, managed: bool) -> LocalRayHead:
     """Reuse the running head or start one (under the registry lock), and lease it to this process."""
     head = _read_registry(temp)
@@ -425,40 +279,8 @@ def _ensure(temp: Path, start_kwargs: dict, managed: bool) -> LocalRayHead:
         if head is not None:
             head.stop()  # a half-dead head (e.g. its dashboard crashed): clear what is left of it
         head = _start(temp, **_start_defaults(start_kwargs), managed=managed)
-    _take_lease(temp)
+    take_lease(temp)
     return head
-
-
-def _lease_name(pid: int) -> str | None:
-    """``<pid>-<start time>``: a recycled pid is not mistaken for the process that took the lease."""
-    import psutil  # a Ray dependency
-
-    try:
-        return f"{pid}-{int(psutil.Process(pid).create_time() * 1000)}"
-    except psutil.Error:
-        return None
-
-
-def _take_lease(temp: Path) -> None:
-    leases = temp / LEASES_NAME
-    leases.mkdir(mode=PRIVATE_MODE, exist_ok=True)
-    (leases / str(_lease_name(os.getpid()))).touch()
-
-
-def _release_lease(temp: Path) -> None:
-    _remove(temp / LEASES_NAME / str(_lease_name(os.getpid())))
-
-
-def _live_leases(temp: Path) -> list[str]:
-    """Leases of processes that still run; those of processes that ended are removed."""
-    live = []
-    for lease in sorted((temp / LEASES_NAME).glob("*-*")):
-        pid = lease.name.split("-", 1)[0]
-        if pid.isdigit() and _lease_name(int(pid)) == lease.name:
-            live.append(lease.name)
-        else:
-            _remove(lease)
-    return live
 
 
 @contextlib.contextmanager
@@ -491,7 +313,7 @@ def _start(
     if object_store_mb < 80:
         raise ValueError(f"object_store_mb ({object_store_mb}) must be >= 80 (Ray's minimum is 75 MiB)")
     token_path = temp / TOKEN_NAME
-    _write_secret(token_path, secrets.token_hex(32))
+    write_secret(token_path, secrets.token_hex(32))
     spare, gcs_port, client_port, metrics_port, agent_port = free_ports(5)
     if dashboard_port is None:
         dashboard_port = DEFAULT_DASHBOARD_PORT if port_free(DEFAULT_DASHBOARD_PORT) else spare
@@ -522,7 +344,7 @@ def _start(
     if memory_mb is None:  # Ray would offer ~70% of RAM to tasks; leave the laptop half of it
         memory_mb = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 / 2)
     command.append(f"--memory={memory_mb * 1024 * 1024}")
-    env = _head_env(token_path, extra_env)
+    env = head_env(token_path, extra_env)
     log_path = temp / HEAD_LOG_NAME
     address = f"http://{node_ip}:{dashboard_port}"
     log.info("starting a local Ray head at %s (temp dir %s, %d CPUs)", address, temp, num_cpus)
@@ -544,7 +366,7 @@ def _start(
                 f"last lines of {log_path}:\n{_tail(log_path)}"
             )
         if time.monotonic() > deadline:
-            _kill_group(process.pid)
+            kill_group(process.pid)
             raise LocalRayError(
                 f"the local Ray head did not answer at {address} within {timeout_s:.0f} s; "
                 f"last lines of {log_path}:\n{_tail(log_path)}"
@@ -562,46 +384,6 @@ def _start(
     )
     _write_registry(head)
     return head
-
-
-def job_environment(environ: dict[str, str] | os._Environ) -> dict[str, str]:
-    """The part of ``environ`` a job may see: :data:`JOB_ENV_ALLOWED` and the names listed in MAZERL_JOB_ENV.
-
-    Named, not filtered by pattern: an outer cluster's RAY_ADDRESS or token, cloud credentials
-    and Hugging Face tokens stay out unless the user lists them.
-    """
-    extra = {name.strip() for name in environ.get(JOB_ENV_EXTRA_VAR, "").split(",") if name.strip()}
-    return {name: value for name, value in environ.items() if name in JOB_ENV_ALLOWED or name in extra}
-
-
-def _head_env(token_path: Path, extra_env: dict[str, str] | None) -> dict[str, str]:
-    """The head's environment, inherited by every job's entrypoint: the allow-listed part of this
-    process's, this venv's python first on PATH (entrypoints say ``python -m ...``), token auth on,
-    loopback-only node address."""
-    env = job_environment(os.environ)
-    env.update(
-        {
-            "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
-            "RAY_AUTH_MODE": "token",
-            "RAY_AUTH_TOKEN_PATH": str(token_path),
-            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-            "RAY_USAGE_STATS_ENABLED": "0",
-            # A SIGTERM'd head would first wait for its node to drain (meant for Serve on k8s);
-            # a local head has nothing to drain, so stop at once.
-            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
-        }
-    )
-    env.update(extra_env or {})
-    return env
-
-
-def _write_secret(path: Path, value: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    _remove(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(value)
-    os.replace(tmp, path)
 
 
 def _write_registry(head: LocalRayHead) -> None:
@@ -627,53 +409,8 @@ def _answers(address: str, headers: dict[str, str], path: str = "/api/version") 
         return False
 
 
-def _is_our_head_process(pid: int, temp: Path) -> bool:
-    """Guards against a recycled pid: the process must be `ray start` with our temp dir."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return _pid_alive(pid)  # no /proc (macOS): fall back to liveness
-    return f"--temp-dir={temp / RAY_SUBDIR}".encode() in cmdline
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _process_group_alive(pgid: int) -> bool:
-    """Any non-zombie process left in the head's process group (reaping our own child first:
-    a zombie leader would otherwise look alive to ``killpg(pgid, 0)``)."""
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pgid, os.WNOHANG)
-    import psutil  # a Ray dependency
-
-    for process in psutil.process_iter(["status"]):
-        try:
-            if os.getpgid(process.pid) == pgid and process.info["status"] != psutil.STATUS_ZOMBIE:
-                return True
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return False
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
 def _tail(path: Path, lines: int = 20) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
-
-
-def _remove(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()

@@ -16,22 +16,21 @@ What it guarantees (design section 4):
   after the worker pod crashed gets a new id, while the orphan still holds every GPU). One
   with the same identity is the same training: it is re-attached to, and its metadata
   (``JobOutcome.metadata``) says where it writes. Any other is refused with
-  :class:`JobConflictError`, naming the job and the command that stops it.
+  :class:`JobConflictError`, naming the job and the command that stops it
+  (:mod:`mazerl.cluster.pipeline_jobs`).
 - **Logs reach the caller.** The job's output is followed with ``tail_job_logs`` in a thread
-  (falling back to polling ``get_job_logs`` from the last offset) and handed line by line to
-  ``log`` from the caller's thread, so a Prefect run logger can be used directly. With
-  ``log_offsets_dir``, how far the log was handed out is recorded there per job (temporary
-  name, then rename); a later attempt that re-attaches to the same job continues after that
-  point instead of replaying the lines its flow run already shows, and says so.
-- **Failures say whether to retry.** SUCCEEDED -> :class:`JobOutcome`. FAILED with the
-  entrypoint's exit code 2 (our entrypoints' "bad configuration", and argparse's) ->
-  :class:`JobConfigError`, never retried. Any other failure, STOPPED, a job that vanished, an
-  address that stops answering (for longer than ``unreachable_grace_s``) ->
-  :class:`RetryableJobError` naming the address; the training retry resumes from its checkpoint.
+  (falling back to polling ``get_job_logs``) and handed line by line to ``log`` from the
+  caller's thread, so a Prefect run logger can be used directly. With ``log_offsets_dir``, a
+  later attempt that re-attaches continues the log where the earlier one stopped
+  (:class:`~mazerl.cluster.job_log.JobLogFeed`).
+- **Failures say whether to retry.** SUCCEEDED -> :class:`~mazerl.cluster.job_outcome.JobOutcome`;
+  exit code 2 -> :class:`JobConfigError`, never retried (:mod:`mazerl.cluster.job_outcome`). Any
+  other failure, STOPPED, a job that vanished, an address that stops answering (for longer than
+  ``unreachable_grace_s``) -> :class:`RetryableJobError` naming the address; the training retry
+  resumes from its checkpoint.
 - **Hung jobs are stopped.** With ``hang_timeout_s``, a RUNNING job whose ``progress_probe``
-  (the caller's: the train stage gives :class:`~mazerl.training.progress.TrainingProgress`, the
-  last ``step N/M:`` line both training backends print) does not advance for that long is
-  stopped and reported as retryable "hung". Works on any Ray cluster.
+  does not advance for that long is stopped and reported as retryable "hung"
+  (:mod:`mazerl.cluster.hang_watchdog`).
 - **An expired HyperPod session is renewed.** The ``sagemaker_ray://`` toolkit fetches its
   dashboard cookie once, when the client is built; a long wait outlives it. A 401/403 while
   following a job on such an address rebuilds the client (the toolkit signs in again) and goes
@@ -51,7 +50,8 @@ Code on the cluster: ``runtime_env="auto"`` (the default) gives a head on this m
 (127.0.0.1/localhost) ``PYTHONPATH=<this checkout>`` so the job runs exactly the caller's
 code; a remote cluster gets no runtime env because its image has the project installed.
 The ids, metadata keys, entrypoints and runtime envs live in :mod:`mazerl.cluster.job_spec`;
-following the job's log in :mod:`mazerl.cluster.job_log`.
+following the job's log in :mod:`mazerl.cluster.job_log`; finding a pipeline run's jobs among the
+cluster's, and stopping them, in :mod:`mazerl.cluster.pipeline_jobs`.
 
 Secrets: the runtime env is never logged here, but Ray stores it with the job and may log
 it, so tokens belong in the cluster's environment (Kubernetes Secrets), not in ``env_vars``.
@@ -63,59 +63,35 @@ A job that cannot be placed stays PENDING until Ray gives up on it
 
 from __future__ import annotations
 
-import collections
-import json
 import logging
-import queue
-import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from mazerl.atomic import write_json
-from mazerl.cluster.client import job_client, parse_address
-from mazerl.cluster.errors import ClusterAccessError, ConfigError, JobConfigError, JobConflictError, RetryableJobError
-from mazerl.cluster.job_log import LogFollower
+from mazerl.cluster.client import auth_refused, job_client, parse_address
+from mazerl.cluster.errors import ClusterAccessError, ConfigError, RetryableJobError
+from mazerl.cluster.hang_watchdog import HangWatchdog
+from mazerl.cluster.job_log import JobLogFeed, LogOffsets
+from mazerl.cluster.job_outcome import JobOutcome, failure_error
 from mazerl.cluster.job_spec import (
     ACTIVE,
-    IDENTITY_MATCH,
-    META_ATTEMPT,
-    META_CPUS,
-    META_IDENTITY_PREFIX,
-    META_MEMORY,
     META_RUN,
-    META_STAGE,
     TERMINAL,
+    job_metadata,
     job_status,
     merged_runtime_env,
     runtime_env_for,
     submission_id_for,
+    submission_metadata,
 )
+from mazerl.cluster.pipeline_jobs import by_start, conflict_error, other_runs_active, run_jobs, same_training
 
 logger = logging.getLogger(__name__)
 
-CONFIG_ERROR_EXIT_CODE = 2
-_EXIT_CODE = re.compile(r"exit code (-?\d+)")
-_AUTH_REFUSED = re.compile(r"status code 40[13]\b")  # Ray's job client: "Request failed with status code 401"
 SESSION_MIN_S = 10.0  # a session refused sooner than this after renewal was not an expiry
 
 LogFn = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class JobOutcome:
-    """A job that SUCCEEDED (failures are exceptions)."""
-
-    submission_id: str
-    address: str
-    status: str
-    reattached: bool  # True: this call followed a job that an earlier call had submitted
-    duration_s: float
-    log_lines: int
-    message: str
-    metadata: dict[str, str] = field(default_factory=dict)  # the followed job's (another run's, if re-attached)
 
 
 # --- the job ------------------------------------------------------------------------------
@@ -182,6 +158,7 @@ class RayJob:
         self.log: LogFn = log or logger.info
         self.hang_timeout_s = hang_timeout_s
         self.progress_probe = progress_probe
+        self._watchdog = HangWatchdog(progress_probe, hang_timeout_s) if hang_timeout_s is not None else None
         self.poll_s = poll_s
         self.unreachable_grace_s = unreachable_grace_s
         self.entrypoint_num_gpus = entrypoint_num_gpus
@@ -195,16 +172,10 @@ class RayJob:
         self._client = None
         self._finished = False
         self._already_succeeded = False
-        self._follower: LogFollower | None = None
-        self._recent: collections.deque[str] = collections.deque(maxlen=40)
-        self._lines = 0
         self._started_at = time.monotonic()
-        self._progress_value: object = None
-        self._progress_since: float | None = None
         self._session_renewed_at: float | None = None
-        self.log_offsets_dir = Path(log_offsets_dir) if log_offsets_dir is not None else None
-        self._log_offset = self._recorded_offset = 0  # log characters handed to ``log`` / recorded as such
-        self._lines_before = 0  # lines an earlier attempt handed out (from its record)
+        feed = getattr(progress_probe, "feed", None)  # the probe reads the job's lines too
+        self._job_log = JobLogFeed(LogOffsets(log_offsets_dir), self.log, feed, poll_s)
         # asked when an exception leaves the ``with`` block: a reason to leave the job running, or None to stop it
         self.keep_running_on = keep_running_on
 
@@ -229,30 +200,19 @@ class RayJob:
         # a second pass if a concurrent caller submitted the same id first; one more after before_submit
         for _ in range(3):
             jobs = self._call(self._client.list_jobs)
-            mine = [
-                j
-                for j in jobs
-                if _meta(j).get(META_RUN) == self.pipeline_run_id and _meta(j).get(META_STAGE) == self.stage
-            ]
-            active = sorted((j for j in mine if job_status(j) in ACTIVE), key=lambda j: j.start_time or 0)
+            mine = run_jobs(jobs, self.pipeline_run_id, self.stage)
+            active = by_start(j for j in mine if job_status(j) in ACTIVE)
             if active:
                 return self._attach(active)
             done = next((j for j in mine if j.submission_id == self.base_submission_id), None)
             if done is not None and job_status(done) == "SUCCEEDED":
                 self.submission_id, self.reattached, self._already_succeeded = done.submission_id, True, True
-                self.metadata = _meta(done)
+                self.metadata = job_metadata(done)
                 self.log(f"job {done.submission_id} at {self.address} already SUCCEEDED; not running it again")
                 return done.submission_id
-            if self.identity is not None:
-                others = [
-                    j
-                    for j in jobs
-                    if _meta(j).get(META_STAGE) == self.stage
-                    and _meta(j).get(META_RUN) != self.pipeline_run_id
-                    and job_status(j) in ACTIVE
-                ]
-                if others:
-                    return self._attach_other_run(sorted(others, key=lambda j: j.start_time or 0))
+            others = other_runs_active(jobs, self.pipeline_run_id, self.stage) if self.identity is not None else []
+            if others:
+                return self._attach_other_run(others)
             if self.before_submit is not None:  # e.g. wait until the cluster has what the job asks for
                 wait, self.before_submit = self.before_submit, None
                 wait()
@@ -284,18 +244,16 @@ class RayJob:
         follow = getattr(self.progress_probe, "follow", None)
         if follow is not None:  # where the followed job writes (another run's directory, if re-attached)
             follow(self.metadata)
-        skip = self._already_logged() if self.reattached else 0
-        self._follower = LogFollower(self._client, self.submission_id, self.poll_s, skip_chars=skip)
-        self._follower.start()
+        self._job_log.follow(self._client, self.submission_id, resume=self.reattached)
         last_answer = time.monotonic()
         while True:
-            self._drain_logs()
+            self._job_log.drain()
             now = time.monotonic()
             try:
                 info = self._client.get_job_info(self.submission_id)
                 last_answer = now
             except Exception as exc:  # noqa: BLE001 - sorted below; anything unknown is re-raised
-                if self._renews_sessions and _auth_refused(exc):
+                if self._renews_sessions and auth_refused(exc):
                     try:
                         self._renew_session(exc)
                         last_answer = now
@@ -320,8 +278,7 @@ class RayJob:
             if status == "RUNNING":
                 self._watch_progress(now)
             time.sleep(self.poll_s)
-        self._follower.finish()
-        self._drain_logs()
+        self._job_log.finish()
         self._finished = True
         return self._map_final(info)
 
@@ -361,13 +318,14 @@ class RayJob:
             options["entrypoint_num_cpus"] = self.entrypoint_num_cpus
         if self.entrypoint_memory is not None:
             options["entrypoint_memory"] = int(self.entrypoint_memory)
-        metadata = {META_RUN: self.pipeline_run_id, META_STAGE: self.stage, META_ATTEMPT: str(self.attempt)}
-        metadata |= {META_IDENTITY_PREFIX + key: str(value) for key, value in (self.identity or {}).items()}
-        # Ray's job listing (JobDetails) shows neither what the driver asked for; operators and tests can read it here.
-        if self.entrypoint_memory is not None:
-            metadata[META_MEMORY] = str(int(self.entrypoint_memory))
-        if self.entrypoint_num_cpus is not None:
-            metadata[META_CPUS] = str(self.entrypoint_num_cpus)
+        metadata = submission_metadata(
+            self.pipeline_run_id,
+            self.stage,
+            self.attempt,
+            self.identity,
+            self.entrypoint_memory,
+            self.entrypoint_num_cpus,
+        )
         self._call(
             self._client.submit_job,
             entrypoint=self.entrypoint,
@@ -384,7 +342,7 @@ class RayJob:
         for extra in extras:  # two trainers on one checkpoint dir would corrupt it
             self._call(self._client.stop_job, extra.submission_id)
             self.log(f"stopped duplicate Ray job {extra.submission_id} of pipeline run {self.pipeline_run_id}")
-        self.submission_id, self.reattached, self.metadata = keep.submission_id, True, _meta(keep)
+        self.submission_id, self.reattached, self.metadata = keep.submission_id, True, job_metadata(keep)
         self.log(
             f"re-attached to {job_status(keep)} Ray job {keep.submission_id} of pipeline run {self.pipeline_run_id} "
             f"at {self.address} instead of submitting a second one"
@@ -393,33 +351,18 @@ class RayJob:
 
     def _attach_other_run(self, others: list) -> str:
         """Follow another pipeline run's job of this stage if it is the same training, else refuse."""
-        same = [j for j in others if all(_identity(j).get(k) == self.identity.get(k) for k in IDENTITY_MATCH)]
+        same = [j for j in others if same_training(j, self.identity)]
         if same:
             keep = same[-1]
-            self.submission_id, self.reattached, self.metadata = keep.submission_id, True, _meta(keep)
+            self.submission_id, self.reattached, self.metadata = keep.submission_id, True, job_metadata(keep)
             self.log(
                 f"re-attached to {job_status(keep)} Ray job {keep.submission_id} of pipeline run "
-                f"{_meta(keep).get(META_RUN)} at {self.address}: the same training (settings digest "
+                f"{job_metadata(keep).get(META_RUN)} at {self.address}: the same training (settings digest "
                 f"{self.identity.get('config_digest', '?')[:12]}, data root {self.identity.get('data_root')}) "
                 "started by an earlier flow run; following it instead of starting a second one"
             )
             return keep.submission_id
-        other = others[-1]
-        theirs = _identity(other)
-        differs = (
-            "no identity recorded"
-            if not theirs
-            else ", ".join(f"{k} {theirs.get(k)!r} vs ours {self.identity.get(k)!r}" for k in IDENTITY_MATCH)
-        )
-        raise JobConflictError(
-            f"Ray job {other.submission_id} ({job_status(other)}, pipeline run {_meta(other).get(META_RUN)}) is another "
-            f"mazerl {self.stage} job on {self.address} ({differs}); a second one would wait for the GPUs it holds "
-            f"until Ray gives up. Let it finish, or stop it with: ray job stop {other.submission_id} --address "
-            f"{self.address}; then retry this flow run (a retried flow run re-attaches to its own job; a new flow "
-            "run of the same training re-attaches too)",
-            address=self.address,
-            submission_id=other.submission_id,
-        )
+        raise conflict_error(others[-1], self.identity, self.stage, self.address)
 
     def _call(self, fn: Callable, *args, **kwargs):
         """A client call whose connection failure becomes a retryable error naming the address."""
@@ -434,7 +377,7 @@ class RayJob:
                 raise  # a concurrent submission of the same id: start() looks again
             raise RetryableJobError(f"Ray at {self.address} refused the request: {exc}", address=self.address) from None
         except Exception as exc:
-            if _auth_refused(exc):
+            if auth_refused(exc):
                 raise ClusterAccessError(
                     f"Ray at {self.address} refused this client's credentials: {str(exc).splitlines()[0]}"
                 ) from None
@@ -451,11 +394,8 @@ class RayJob:
                 "credentials. The job keeps running: retry the flow run to follow it again"
             ) from None
         client = job_client(self.address, self.headers)  # the toolkit fetches a new session cookie
-        self._drain_logs()
-        skip = self._follower.abandon() if self._follower is not None else 0
         self._client, self._session_renewed_at = client, now
-        self._follower = LogFollower(self._client, self.submission_id, self.poll_s, skip_chars=skip)
-        self._follower.start()
+        self._job_log.switch_client(client)
         self.log(
             f"the session to {self.address} expired ({str(reason)[:80]}); signed in again, still following "
             f"job {self.submission_id}"
@@ -472,79 +412,15 @@ class RayJob:
             ) from None
         return last_answer
 
-    def _drain_logs(self) -> None:
-        if self._follower is None:
-            return
-        feed = getattr(self.progress_probe, "feed", None)
-        while True:
-            try:
-                line, self._log_offset = self._follower.lines.get_nowait()
-            except queue.Empty:
-                self._record_log_offset()
-                return
-            if not line.strip():  # a blank line would be an empty "Task run '...' -" record
-                continue
-            self._lines += 1
-            self._recent.append(line)
-            if feed is not None:
-                feed(line)
-            self.log(line)
-
-    def _log_record(self) -> Path | None:
-        if self.log_offsets_dir is None or self.submission_id is None:
-            return None
-        return self.log_offsets_dir / f"{self.submission_id}.json"
-
-    def _already_logged(self) -> int:
-        """Characters of the re-attached job's log that an earlier attempt already handed to its ``log``."""
-        path = self._log_record()
-        try:
-            record = json.loads(path.read_text()) if path is not None else None
-        except (OSError, ValueError):
-            record = None
-        if not isinstance(record, dict) or record.get("submission_id") != self.submission_id:
-            if path is not None:
-                self.log(f"job {self.submission_id}: following its log from the start (no earlier attempt showed it)")
-            return 0
-        chars, lines = int(record.get("chars", 0)), int(record.get("lines", 0))
-        self._log_offset = self._recorded_offset = chars
-        self._lines_before = lines
-        self.log(
-            f"job {self.submission_id}: its log continues after the {lines} lines an earlier attempt already showed"
-        )
-        return chars
-
-    def _record_log_offset(self) -> None:
-        """Say how far the log was handed out (temporary name, then rename): a retry continues from there."""
-        path = self._log_record()
-        if path is None or self._log_offset == self._recorded_offset:
-            return
-        record = {"submission_id": self.submission_id, "chars": self._log_offset}
-        record["lines"] = self._lines_before + self._lines
-        try:
-            write_json(path, record, indent=None)
-        except OSError as exc:  # a full disk must not stop the job being followed; a retry replays more
-            logger.warning("could not record the log offset of job %s in %s: %s", self.submission_id, path, exc)
-            self.log_offsets_dir = None
-        self._recorded_offset = self._log_offset
-
     def _watch_progress(self, now: float) -> None:
-        if self.hang_timeout_s is None or self.progress_probe is None:
+        if self._watchdog is None:
             return
-        try:
-            value = self.progress_probe()
-        except Exception as exc:  # noqa: BLE001 - a broken probe must not kill a healthy job
-            logger.warning("progress probe failed: %s", exc)
-            value = self._progress_value
-        if self._progress_since is None or value != self._progress_value:
-            self._progress_value, self._progress_since = value, now
-            return
-        idle_s = now - self._progress_since
-        if idle_s > self.hang_timeout_s:
+        idle_s = self._watchdog.idle_s(now)
+        if idle_s is not None:
             self.stop(reason=f"no progress for {idle_s:.0f} s")
             raise RetryableJobError(
                 f"job {self.submission_id} at {self.address} hung: no progress for {idle_s:.0f} s "
-                f"(hang_timeout_s={self.hang_timeout_s:g}; last progress: {self._progress_value!r}); stopped it",
+                f"(hang_timeout_s={self.hang_timeout_s:g}; last progress: {self._watchdog.value!r}); stopped it",
                 address=self.address,
                 submission_id=self.submission_id,
             )
@@ -553,28 +429,7 @@ class RayJob:
         status = job_status(info)
         if status == "SUCCEEDED":
             return self._outcome(status, info.message or "")
-        tail = "\n".join(list(self._recent)[-20:])
-        if status == "STOPPED":
-            raise RetryableJobError(
-                f"job {self.submission_id} at {self.address} was STOPPED before finishing (stopped outside this "
-                f"submitter, or the head stopped it)\n{tail}",
-                address=self.address,
-                submission_id=self.submission_id,
-            )
-        exit_code = _exit_code(info)
-        if exit_code == CONFIG_ERROR_EXIT_CODE:
-            raise JobConfigError(
-                f"job {self.submission_id} at {self.address} rejected its configuration (exit code 2); fix the "
-                f"config and run again. Last log lines:\n{tail}",
-                address=self.address,
-                submission_id=self.submission_id,
-            )
-        raise RetryableJobError(
-            f"job {self.submission_id} at {self.address} FAILED (exit code {exit_code}, {info.error_type or 'no error type'})"
-            f"; a retry resumes from the latest checkpoint. Last log lines:\n{tail}",
-            address=self.address,
-            submission_id=self.submission_id,
-        )
+        raise failure_error(info, submission_id=self.submission_id, address=self.address, tail=self._job_log.tail())
 
     def _outcome(self, status: str, message: str) -> JobOutcome:
         return JobOutcome(
@@ -583,54 +438,7 @@ class RayJob:
             status=status,
             reattached=self.reattached,
             duration_s=time.monotonic() - self._started_at,
-            log_lines=self._lines,
+            log_lines=self._job_log.lines,
             message=message,
             metadata=dict(self.metadata),
         )
-
-
-def stop_pipeline_jobs(
-    address: str, pipeline_run_id: str, headers: dict[str, str] | None = None, wait_s: float = 30.0
-) -> list[str]:
-    """Stop every active Ray job of one pipeline run (one abandoned for a fresh start); returns their ids.
-
-    Waits until Ray reports them terminal: a new run's train stage that looked while one was
-    still stopping would take it for the same training and re-attach to it.
-    """
-    client = job_client(address, headers)
-    active = [j for j in client.list_jobs() if _meta(j).get(META_RUN) == pipeline_run_id and job_status(j) in ACTIVE]
-    for job in active:
-        client.stop_job(job.submission_id)
-    deadline = time.monotonic() + wait_s
-    for job in active:
-        while job_status(client.get_job_info(job.submission_id)) not in TERMINAL and time.monotonic() < deadline:
-            time.sleep(0.2)
-    return [job.submission_id for job in active]
-
-
-# --- helpers ------------------------------------------------------------------------------
-
-
-def _meta(job) -> dict[str, str]:
-    return job.metadata or {}
-
-
-def _identity(job) -> dict[str, str]:
-    return {
-        k.removeprefix(META_IDENTITY_PREFIX): v for k, v in _meta(job).items() if k.startswith(META_IDENTITY_PREFIX)
-    }
-
-
-def _auth_refused(exc: Exception) -> bool:
-    """A 401/403 from the job API: Ray >= 2.5x raises AuthenticationError, older clients a
-    RuntimeError naming the status code."""
-    return type(exc).__name__ == "AuthenticationError" or bool(_AUTH_REFUSED.search(str(exc)))
-
-
-def _exit_code(info) -> int | None:
-    """Ray >= 2.4x reports ``driver_exit_code``; older servers only say it in the message."""
-    code = getattr(info, "driver_exit_code", None)
-    if code is not None:
-        return int(code)
-    match = _EXIT_CODE.search(info.message or "")
-    return int(match.group(1)) if match else None

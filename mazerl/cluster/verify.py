@@ -18,7 +18,7 @@ The checks:
   per node the placement needs), ``ray.eval_placement`` (all eval workers, with their GPUs,
   fit at once: the eval waits for every one of them), ``storage.shared`` (a probe file written on each alive node
   is read back by the next), ``storage.free_space`` (free bytes under the data root on every
-  node, against the run's peak footprint: :class:`DiskFootprint`), ``inputs.base_model``
+  node, against the run's peak footprint: :class:`~mazerl.cluster.run_requirements.DiskFootprint`), ``inputs.base_model``
   (config, weights, processor, tokenizer readable on a worker),
   ``ray.merge_memory`` (a node whose Ray memory holds the merge job; only when the caller
   passes ``merge_memory``, the merge's own rule for its need, :func:`mazerl.merge.memory.merge_memory`).
@@ -41,19 +41,17 @@ import shlex
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from envs import evalset
 from mazerl.cluster.client import job_client, parse_address
 from mazerl.cluster.errors import ConfigError, RetryableJobError
 from mazerl.cluster.gpu_smoke import GPU_FREE_WAIT_S, GpuSmoke
-from mazerl.cluster.hyperpod import HyperPodAccessError, HyperPodClusterNotFound, check_hyperpod
+from mazerl.cluster.hyperpod import hyperpod_rows
 from mazerl.cluster.job_spec import TERMINAL, runtime_env_for
 from mazerl.cluster.probe import RESULT_PREFIX, node_name
 from mazerl.cluster.report import CheckRow, ClusterReport
-
-GIB = 1024**3
+from mazerl.cluster.run_requirements import GIB, LORA_SHAPES, DiskFootprint
 
 
 class MemoryNeed(Protocol):
@@ -65,122 +63,7 @@ class MemoryNeed(Protocol):
     def describe(self) -> str: ...
 
 
-HYPERPOD_ACCESS_HINT = (
-    "The run goes on without HyperPod's node health (the Ray rows above decide readiness). To turn it on, "
-    "give the flow-run pods' service account an EKS Pod Identity association with a role that allows "
-    "sagemaker:DescribeCluster and sagemaker:ListClusterNodes, and set AWS_REGION in their env (docs/hyperpod.md)"
-)
 MIN_RAY_VERSION = (2, 52)  # token authentication
-# Where a model's config names no dimensions (no LoRA size can be computed), a checkpoint's adapter
-# and optimizer state are taken as this share of the weights (rank 32 on all seven projections of
-# Qwen3-VL-8B: 87 M parameters, 1.0 GB in fp32 with AdamW's two moments, 6% of its 16.3 GiB).
-ADAPTER_STATE_SHARE = 0.06
-# Bytes per LoRA parameter in a checkpoint: the adapter in fp32 and AdamW's two fp32 moments.
-ADAPTER_STATE_BYTES = 4 + 8
-# The linear layers of a Qwen3-VL language-model block, as (in, out) in its config's dimensions.
-LORA_SHAPES = {
-    "q_proj": ("hidden", "q"),
-    "k_proj": ("hidden", "kv"),
-    "v_proj": ("hidden", "kv"),
-    "o_proj": ("q", "hidden"),
-    "gate_proj": ("hidden", "intermediate"),
-    "up_proj": ("hidden", "intermediate"),
-    "down_proj": ("intermediate", "hidden"),
-}
-
-
-@dataclass(frozen=True)
-class DiskFootprint:
-    """What a run writes under the data root, from its backend's real layout (``storage.free_space``).
-
-    - checkpoints: ``checkpoints_kept + 1`` at the peak (the newest is complete before the oldest is
-      pruned). SkyRL's FSDP checkpoint holds the whole sharded model state on every rank, so one
-      checkpoint is a full copy of the weights (about 17.5 GB for the 8B model) plus the adapter with
-      its optimizer state and the exported adapter; the local backend's holds the adapter, its
-      optimizer state and RNG state only.
-    - the merged model: one copy of the weights;
-    - the MLflow copy: the MLflow model beside it holds the weights up to ``max_artifact_mb`` (a
-      pointer above), and an embedded MLflow store under the data root copies them once more.
-    """
-
-    backend: str
-    checkpoints: int
-    lora_rank: int
-    lora_targets: tuple[str, ...]
-    mlflow_copy_max_bytes: int
-    mlflow_store_in_data_root: bool = False
-
-    def adapter_state_bytes(self, weights: int, dims: dict[str, int] | None) -> int:
-        parameters = lora_parameters(dims or {}, self.lora_rank, self.lora_targets)
-        return parameters * ADAPTER_STATE_BYTES if parameters else int(weights * ADAPTER_STATE_SHARE)
-
-    def checkpoint_bytes(self, weights: int, dims: dict[str, int] | None) -> int:
-        state = self.adapter_state_bytes(weights, dims)
-        if self.backend == "skyrl":  # the FSDP model state (every weight), its optimizer's, the exported adapter
-            return weights + state + state // 3
-        return state
-
-    def parts(self, weights: int, dims: dict[str, int] | None) -> list[tuple[str, int]]:
-        """(what, bytes) of the peak footprint, in the order the run writes them."""
-        checkpoint = self.checkpoint_bytes(weights, dims)
-        copies = (1 + int(self.mlflow_store_in_data_root)) if weights <= self.mlflow_copy_max_bytes else 0
-        kind = "SkyRL FSDP state: the whole model" if self.backend == "skyrl" else "adapter + optimizer"
-        return [
-            (f"{self.checkpoints} checkpoints x {checkpoint / GIB:.2f} GiB ({kind})", self.checkpoints * checkpoint),
-            (f"merged model {weights / GIB:.2f} GiB", weights),
-            (
-                f"MLflow copy {copies} x {weights / GIB:.2f} GiB"
-                if copies
-                else f"MLflow copy 0 (above max_artifact_mb {self.mlflow_copy_max_bytes / 2**20:g}: a pointer)",
-                copies * weights,
-            ),
-        ]
-
-
-def lora_parameters(dims: dict[str, int], rank: int, targets: tuple[str, ...]) -> int:
-    """LoRA parameters of ``targets`` over every language-model block: rank x (in + out) per module.
-    0 when the config lacks a dimension (the caller estimates instead)."""
-    try:
-        heads, kv_heads = dims["num_attention_heads"], dims["num_key_value_heads"]
-        head_dim = dims.get("head_dim") or dims["hidden_size"] // heads
-        size = {
-            "hidden": dims["hidden_size"],
-            "intermediate": dims["intermediate_size"],
-            "q": heads * head_dim,
-            "kv": kv_heads * head_dim,
-        }
-        layers = dims["num_hidden_layers"]
-    except (KeyError, TypeError, ZeroDivisionError):
-        return 0
-    per_block = sum(rank * (size[LORA_SHAPES[t][0]] + size[LORA_SHAPES[t][1]]) for t in targets if t in LORA_SHAPES)
-    return per_block * layers
-
-
-def requirements_for(
-    config, local_gpus: int = 0, max_artifact_mb: float = 512.0, mlflow_store_in_data_root: bool = False
-) -> dict[str, Any]:
-    """The placement and disk a :class:`~mazerl.training.config.TrainConfig` needs, as ``verify_cluster`` kwargs.
-
-    local: one node, with ``local_gpus`` GPUs (the pipeline's ``local_train_gpus``). skyrl:
-    ``num_nodes`` nodes with ``num_gpus`` GPUs each (FSDP workers and colocated vLLM engines,
-    ``engines x tensor_parallel_size`` GPUs in all). ``footprint``: :class:`DiskFootprint`.
-    """
-    footprint = DiskFootprint(
-        backend=config.backend,
-        checkpoints=config.checkpoints_kept + 1,
-        lora_rank=config.lora.rank,
-        lora_targets=tuple(config.lora.target_modules),
-        mlflow_copy_max_bytes=int(max_artifact_mb * 2**20),
-        mlflow_store_in_data_root=mlflow_store_in_data_root,
-    )
-    if config.backend == "skyrl":
-        return {
-            "required_nodes": config.skyrl.num_nodes,
-            "required_gpus": config.skyrl.num_gpus * config.skyrl.num_nodes,
-            "gpus_per_node": config.skyrl.num_gpus,
-            "footprint": footprint,
-        }
-    return {"required_nodes": 1, "required_gpus": local_gpus, "gpus_per_node": local_gpus, "footprint": footprint}
 
 
 def verify_cluster(
@@ -261,7 +144,7 @@ def verify_cluster(
     if eval_set:
         rows.append(_eval_set_row(eval_set))
     if hyperpod_cluster:
-        rows.extend(_hyperpod_rows(hyperpod_cluster, hyperpod_region, sagemaker_client))
+        rows.extend(hyperpod_rows(hyperpod_cluster, hyperpod_region, sagemaker_client))
     report = ClusterReport(address=parsed.value, rows=tuple(rows), seconds=round(time.monotonic() - started, 2))
     say(
         f"verify_cluster: {'ready' if report.ok else 'NOT ready'} ({len(report.failures)} of {len(rows)} checks failed)"
@@ -545,23 +428,6 @@ def _eval_set_row(name: str) -> CheckRow:
     except evalset.EvalSetError as exc:
         return CheckRow("inputs.eval_set", expected, str(exc), False)
     return CheckRow("inputs.eval_set", expected, f"sha256 {loaded.digest[:12]}..., {len(loaded)} mazes", True)
-
-
-def _hyperpod_rows(cluster: str, region: str | None, client: Any) -> list[CheckRow]:
-    """HyperPod's own view of the nodes. Optional: the Ray rows already say whether the cluster
-    can run the job, so when the SageMaker API cannot be asked at all (a flow pod without an IAM
-    identity, region or permission; no route to the API) the row is advisory. A wrong cluster
-    name, or an answer that shows failed nodes, still stops the run."""
-    expected = f"HyperPod cluster {cluster} readable and InService"
-    try:
-        return check_hyperpod(cluster, region=region, client=client)
-    except HyperPodClusterNotFound as exc:
-        return [CheckRow("hyperpod.cluster", expected, str(exc), False)]
-    except (HyperPodAccessError, RetryableJobError) as exc:
-        found = f"not checked: {exc}. {HYPERPOD_ACCESS_HINT}"
-        return [CheckRow("hyperpod.cluster", expected, found, False, advisory=True)]
-    except ConfigError as exc:
-        return [CheckRow("hyperpod.cluster", expected, str(exc), False)]
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:

@@ -32,7 +32,8 @@ from envs.evalset import EvalSet
 from envs.evalset import load as load_eval_set
 from envs.maze import optimal_moves
 from mazerl.atomic import write_bytes, write_json, write_jsonl
-from mazerl.cluster.ray_local import local_ray_head, ray_driver
+from mazerl.cluster.ray_driver import ray_driver
+from mazerl.cluster.ray_local import local_ray_head
 from mazerl.eval_files import RESULTS_FILE, SUMMARY_FILE
 from mazerl.evaluation.engines import ENGINES
 from mazerl.evaluation.engines import gpus_per_worker as worker_gpus

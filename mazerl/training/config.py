@@ -37,6 +37,10 @@ def _is_number_type(annotation: Any) -> bool:
     return False
 
 
+class TrainingConfigError(ValueError):
+    """A problem with the configuration or its inputs: retrying will not help (exit code 2)."""
+
+
 class PlainNumbers(BaseModel):
     """No unknown keys, finite numbers only, no booleans for numbers: pydantic alone would take
     ``steps: true`` as 1 and ``learning_rate: Infinity`` as given."""

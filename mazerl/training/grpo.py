@@ -15,13 +15,19 @@
   whether it was the solver's move).
 - KL (optional, ``kl_coef > 0``): SkyRL's default ``k3`` estimator against the reference
   policy, ``exp(ref - logp) - (ref - logp) - 1``, added per token.
+- Mini-batches (``mini_batch_mazes``, SkyRL's policy_mini_batch_size): whole mazes per
+  optimizer step, in rollout order (:func:`mini_batches`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from mazerl.training.scoring import TurnSample
 
 ADVANTAGE_EPSILON = 1e-6
 LOG_RATIO_CLAMP = 20.0
@@ -115,3 +121,19 @@ LOSS_REDUCTIONS = {
     "token_mean": (reduce_token_mean, count_tokens),
     "sequence_mean": (reduce_sequence_mean, count_sequences),
 }
+
+
+def mini_batches(samples: list[TurnSample], mazes_per_batch: int | None) -> list[list[TurnSample]]:
+    """Samples split into batches of ``mazes_per_batch`` whole mazes, in rollout order (None: one batch).
+
+    Counted over the mazes that left samples: a group with no advantage leaves none, and
+    SkyRL's zero-gradient share of such a mini-batch is not worth a forward pass here.
+    """
+    if mazes_per_batch is None:
+        return [samples]
+    mazes = list(dict.fromkeys(s.maze_id for s in samples))
+    batch_of = {maze: position // mazes_per_batch for position, maze in enumerate(mazes)}
+    batches: dict[int, list[TurnSample]] = {}
+    for sample in samples:
+        batches.setdefault(batch_of[sample.maze_id], []).append(sample)
+    return [batches[key] for key in sorted(batches)]

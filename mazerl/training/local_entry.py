@@ -24,8 +24,8 @@ import yaml
 from mazerl.cluster.metrics import TrainingMetrics
 from mazerl.input_files import read_config_file
 from mazerl.training.checkpoints import CheckpointError, CheckpointWriteError
-from mazerl.training.config import TrainConfig, load_config
-from mazerl.training.local_trainer import LocalGRPOTrainer, TrainingConfigError
+from mazerl.training.config import TrainConfig, TrainingConfigError, load_config
+from mazerl.training.local_trainer import LocalGRPOTrainer
 from mazerl.training.trainer_lock import one_trainer
 
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG_ERROR = 0, 1, 2

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import copy
 import json
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,15 +58,20 @@ from mazerl.policy.vision_cache import VisionCache
 from mazerl.progress import ProgressMeter, step_line
 from mazerl.starter.record import recorded_context_mode
 from mazerl.training import checkpoints
-from mazerl.training.config import TrainConfig, save_config
+from mazerl.training.config import TrainConfig, TrainingConfigError, save_config
 from mazerl.training.data import epoch_of_step, step_indices
-from mazerl.training.grpo import LOSS_REDUCTIONS, clipped_surrogate, group_advantages, k3_kl, turn_advantages
+from mazerl.training.grpo import (
+    LOSS_REDUCTIONS,
+    clipped_surrogate,
+    group_advantages,
+    k3_kl,
+    mini_batches,
+    turn_advantages,
+)
+from mazerl.training.lora_adapter import attach_lora
 from mazerl.training.lr_schedule import step_scheduler
 from mazerl.training.scoring import PackedScorer, TurnSample, reply_mask
-
-
-class TrainingConfigError(ValueError):
-    """A problem with the configuration or its inputs: retrying will not help (exit code 2)."""
+from mazerl.training.seeding import rng_state, seed_everything, step_seed
 
 
 @dataclass(frozen=True)
@@ -84,97 +88,6 @@ class TrainResult:
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=2)
-
-
-def step_seed(seed: int, step: int) -> int:
-    """The seed of all randomness in ``step``; explicit so resume needs nothing else."""
-    return int(np.random.default_rng([seed, step, 0x6772706F]).integers(2**31 - 1))
-
-
-def seed_everything(value: int) -> None:
-    random.seed(value)
-    np.random.seed(value % 2**32)
-    torch.manual_seed(value)
-
-
-def rng_state() -> dict[str, Any]:
-    return {
-        "python": list(random.getstate()[1]),
-        "numpy": np.random.get_state()[1].tolist(),
-        "torch": torch.get_rng_state(),
-    }
-
-
-# --------------------------------------------------------------------------------------
-# Model + adapter
-# --------------------------------------------------------------------------------------
-
-
-def language_model_lora_pattern(target_modules: tuple[str, ...]) -> str:
-    """peft regex that puts adapters on the text decoder only, never the vision tower; ``lm_head``
-    among the names adapts the output head as well (it sits beside the decoder, not inside it)."""
-    names = "|".join(name for name in target_modules if name != OUTPUT_HEAD)
-    pattern = rf".*language_model.*\.({names})"
-    return f"({pattern})|{OUTPUT_HEAD}" if OUTPUT_HEAD in target_modules else pattern
-
-
-OUTPUT_HEAD = "lm_head"
-
-
-# The vision tower's linear layers (Qwen3-VL): each block's attention and MLP, the merger that
-# turns patches into image tokens, and the deepstack mergers that feed early text layers.
-VISION_LORA_PATTERN = (
-    r".*visual\.(blocks\.\d+\.(attn\.(qkv|proj)|mlp\.linear_fc[12])"
-    r"|merger\.linear_fc[12]|deepstack_merger_list\.\d+\.linear_fc[12])"
-)
-
-
-def lora_pattern(config: TrainConfig) -> str:
-    """Where the adapters go: the language model's ``lora.target_modules``, and with ``freeze_vision: false``
-    the vision tower too (so the tower can learn to put what the policy must read, the walls around
-    the agent, into the agent's own image token)."""
-    text = language_model_lora_pattern(config.lora.target_modules)
-    return text if config.freeze_vision else f"({text})|({VISION_LORA_PATTERN})"
-
-
-def attach_lora(model: torch.nn.Module, config: TrainConfig, adapter_dir: Path | None = None) -> torch.nn.Module:
-    """Wrap the base model with a fresh or saved LoRA adapter (trainable), vision frozen."""
-    from peft import LoraConfig, PeftModel, get_peft_model  # heavy: imported when a run builds its model
-
-    if adapter_dir is not None:
-        model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
-    else:
-        lora = LoraConfig(
-            r=config.lora.rank,
-            lora_alpha=config.lora.alpha,
-            lora_dropout=config.lora.dropout,
-            target_modules=lora_pattern(config),
-            bias="none",
-        )
-        model = get_peft_model(model, lora)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    if trainable == 0:
-        raise TrainingConfigError(
-            f"lora.target_modules {list(config.lora.target_modules)} matched no layer of the language model; "
-            "use names such as q_proj, v_proj, gate_proj"
-        )
-    return model
-
-
-def mini_batches(samples: list[TurnSample], mazes_per_batch: int | None) -> list[list[TurnSample]]:
-    """Samples split into batches of ``mazes_per_batch`` whole mazes, in rollout order (None: one batch).
-
-    Counted over the mazes that left samples: a group with no advantage leaves none, and
-    SkyRL's zero-gradient share of such a mini-batch is not worth a forward pass here.
-    """
-    if mazes_per_batch is None:
-        return [samples]
-    mazes = list(dict.fromkeys(s.maze_id for s in samples))
-    batch_of = {maze: position // mazes_per_batch for position, maze in enumerate(mazes)}
-    batches: dict[int, list[TurnSample]] = {}
-    for sample in samples:
-        batches.setdefault(batch_of[sample.maze_id], []).append(sample)
-    return [batches[key] for key in sorted(batches)]
 
 
 # --------------------------------------------------------------------------------------
