@@ -196,7 +196,8 @@ def section(rows: list[dict], parameters: int, weights_gib: float) -> str:
     # one thread's CPU seconds stand for its uncontended time (a loaded machine stretches the wall clock, not them)
     single = one["cpu_s"]
     estimates = " ".join(
-        f"{n} threads ~{scale * single * ((1 - parallel) + parallel / n) / 60:.0f} min;" for n in (1, *HEAD_THREADS)
+        f"{n} thread{'s' if n > 1 else ''} ~{scale * single * ((1 - parallel) + parallel / n) / 60:.0f} min;"
+        for n in (1, *HEAD_THREADS)
     )
     lines += [
         "",

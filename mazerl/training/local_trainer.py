@@ -22,8 +22,7 @@ Simplifications of GRPO as SkyRL runs it, said plainly: mini-batches (``mini_bat
 SkyRL's policy_mini_batch_size) count only mazes whose group has an advantage; no KL term
 unless ``grpo.kl_coef > 0`` (then the reference policy is the base model with the adapter
 disabled); the rollout log-probs are recomputed by the trainer instead of being taken from
-the sampler, so ``ratio == 1`` exactly on the first pass; the learning rate is constant (SkyRL's
-default), so there is no scheduler.
+the sampler, so ``ratio == 1`` exactly on the first pass; the rate follows ``lr_schedule`` per step.
 
 Determinism: every source of randomness of step N is seeded from ``(seed, N)``, so a run
 resumed from the checkpoint of step N reproduces an uninterrupted run bit for bit on CPU
@@ -166,7 +165,8 @@ class LocalGRPOTrainer:
         return latest
 
     def _build(self, resume_from: checkpoints.Checkpoint | None) -> None:
-        seed_everything(self.config.seed)
+        config = self.config
+        seed_everything(config.seed)
         policy = load_policy(self.config.base_model, device=self.device)
         self.processor = policy.processor
         model = policy.model
@@ -180,18 +180,13 @@ class LocalGRPOTrainer:
             self.vision_cache.attach(self.model)
         self.model.train()
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay, betas=(0.9, 0.999)
-        )
+        self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
         if resume_from is not None:
             policy_dir = resume_from.path / "policy"
             self.optimizer.load_state_dict(torch.load(policy_dir / "optimizer.pt", weights_only=True))
-        # The rate is a function of the step (lr_schedule.py): resume needs no scheduler state. Checkpoints
-        # written before this held a no-op scheduler.pt, which resume ignores.
+        # The rate is a function of the step (lr_schedule.py): no scheduler state to resume (an old scheduler.pt is ignored)
         done = resume_from.step if resume_from else 0
-        self.scheduler = step_scheduler(
-            self.optimizer, self.config.lr_schedule, self.config.learning_rate, self.config.steps, done
-        )
+        self.scheduler = step_scheduler(self.optimizer, config.lr_schedule, config.learning_rate, config.steps, done)
 
     # ---- one step --------------------------------------------------------------------
 
