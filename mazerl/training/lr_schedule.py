@@ -29,9 +29,8 @@ def step_scheduler(
     (linear) or ``(1 + cos(pi x)) / 2`` (cosine), so the last step still moves a little.
     """
     for group in optimizer.param_groups:
-        # the schedule's base, whatever rate a resumed optimizer state last held
+        # the schedule's base, whatever rate a resumed optimizer state last held (the scheduler sets "lr" from it)
         group["initial_lr"] = base_lr
-        group["lr"] = base_lr
     last = done - 1
     if schedule == "constant":
         return get_constant_schedule(optimizer, last_epoch=last)
