@@ -24,17 +24,30 @@ import argparse
 import sys
 
 PLACEMENT_TIMEOUT_S = 60.0
+STEP_PAUSE_S = 1.5  # a step lasts at least this long, as a GPU step would: a node can be lost mid-run
 TRAINING_ON = "[rehearsal_skyrl_entry] training on node "
 EXIT_FAILURE = 1
 
 
 def train_in_bundle(config_path: str) -> int:
     """The local engine's entry, inside the placement group's first bundle."""
+    import time
+
     import ray
 
     from mazerl.training import local_entry
+    from mazerl.training.local_trainer import LocalGRPOTrainer
 
     print(f"{TRAINING_ON}{ray.get_runtime_context().get_node_id()}", flush=True)  # the rehearsal kills that node
+    # The miniature's steps take a fraction of a second on a fast CPU: all four could end between
+    # two polls of the test that waits for step 2 to kill the node. Each step's rollout waits first.
+    rollout = LocalGRPOTrainer._rollout
+
+    def paced_rollout(self, step):
+        time.sleep(STEP_PAUSE_S)
+        return rollout(self, step)
+
+    LocalGRPOTrainer._rollout = paced_rollout
 
     return local_entry.main(["--config", config_path])
 

@@ -171,8 +171,12 @@ class RehearsalCluster:
     def nodes(self) -> list[dict]:
         """Ray's state API (``/api/v0/nodes``): node_id, state, resources_total, labels, ..."""
         request = urllib.request.Request(f"{self.address}/api/v0/nodes?limit=100&detail=1", headers=self.headers())
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read())["data"]["result"]["result"]
+
+        def ask() -> list[dict]:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return json.loads(response.read())["data"]["result"]["result"]
+
+        return asked_again(ask)
 
     def gpu_worker_ids(self) -> set[str]:
         return {
@@ -201,10 +205,27 @@ class RehearsalCluster:
 
         return [
             j
-            for j in JobSubmissionClient(self.address, headers=self.headers()).list_jobs()
+            for j in asked_again(JobSubmissionClient(self.address, headers=self.headers()).list_jobs)
             if (pipeline_run is None or (j.metadata or {}).get("mazerl_pipeline_run") == pipeline_run)
             and (stage is None or (j.metadata or {}).get("mazerl_stage") == stage)
         ]
+
+
+def asked_again(ask, attempts: int = 5, pause_s: float = 1.0):
+    """The answer of ``ask()``, asked again after a dropped connection.
+
+    The head's dashboard closes open connections for a moment while a node it tracks dies
+    (seen with Ray 2.60: ``RemoteDisconnected`` from the jobs API right after a raylet was
+    killed). The pipeline's own polling rides that out (``RayJob.wait`` tolerates outages);
+    the test's observers must too, or the observer dies and the test fails for the wrong reason.
+    """
+    for attempt in range(attempts):
+        try:
+            return ask()
+        except OSError:  # requests' ConnectionError and urllib's URLError are OSErrors
+            if attempt == attempts - 1:
+                raise
+            time.sleep(pause_s)
 
 
 def _pgid(pid: int) -> int | None:
