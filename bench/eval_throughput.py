@@ -24,6 +24,7 @@ from bench.report import write_section  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     from mazerl.evaluation.evaluate import evaluate
+    from mazerl.evaluation.settings import EvalSettings
     from mazerl.starter.build import ensure_starter
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -35,14 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for workers in (1, 2):
-            report = evaluate(
-                model,
-                eval_set="maze256-small-v1",
-                workers=workers,
-                out_dir=Path(tmp) / f"w{workers}",
-                gif_count=0,
-                max_mazes=args.max_mazes,
+            settings = EvalSettings(
+                "maze256-small-v1", eval_workers=workers, max_eval_mazes=args.max_mazes, gif_count=0
             )
+            report = evaluate(model, settings, Path(tmp) / f"w{workers}")
             rows[workers] = report
             print(
                 f"{workers} worker(s): {report.n} mazes, {report.episodes_per_second:.2f} episodes/s, "

@@ -60,18 +60,13 @@ def eval_series(model: Path) -> list[tuple[int, float, float]]:
     from mazerl.cluster.ray_driver import ray_driver
     from mazerl.cluster.ray_local import local_ray_head
     from mazerl.evaluation.evaluate import evaluate
+    from mazerl.evaluation.settings import EvalSettings
 
     rows = []
     with local_ray_head() as head, ray_driver(head), tempfile.TemporaryDirectory(prefix="mazerl-bench-") as tmp:
         for mazes in EVAL_MAZES:
-            report = evaluate(
-                model,
-                eval_set="maze256-small-v1",
-                workers=1,
-                out_dir=Path(tmp) / str(mazes),
-                gif_count=0,
-                max_mazes=mazes,
-            )
+            settings = EvalSettings("maze256-small-v1", eval_workers=1, max_eval_mazes=mazes, gif_count=0)
+            report = evaluate(model, settings, Path(tmp) / str(mazes))
             rows.append((mazes, report.n / report.episodes_per_second, report.wall_seconds))
             print(f"eval {mazes} mazes: rollout {rows[-1][1]:.1f} s, wall {rows[-1][2]:.1f} s", flush=True)
     return rows

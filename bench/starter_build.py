@@ -45,6 +45,7 @@ def greedy_success(model, processor, layouts, history_images, cell_px: int, max_
 def build_one(seed: int, checkpoints: int, workdir: Path) -> dict:
     from envs.evalset import load as load_eval_set
     from mazerl.evaluation.evaluate import evaluate
+    from mazerl.evaluation.settings import EvalSettings
     from mazerl.starter.build import StarterConfig, build_starter
     from mazerl.starter.record import read_record
     from mazerl.starter.warmstart import training_mazes
@@ -61,7 +62,8 @@ def build_one(seed: int, checkpoints: int, workdir: Path) -> dict:
 
     model_dir = build_starter(workdir / f"starter-seed{seed}", config, on_checkpoint=measure, checkpoints=checkpoints)
     record = read_record(model_dir)
-    held_out = evaluate(model_dir, eval_set=eval_set.name, workers=2, out_dir=workdir / f"eval{seed}", gif_count=0)
+    settings = EvalSettings(eval_set.name, eval_workers=2, gif_count=0)
+    held_out = evaluate(model_dir, settings, workdir / f"eval{seed}")
     # The warm-start's own mazes (memorisation), played through the same runner.
     import torch
 

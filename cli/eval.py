@@ -23,6 +23,7 @@ from mazerl import paths
 from mazerl.cluster.errors import ConfigError
 from mazerl.cluster.head_dir import check_temp_dir
 from mazerl.evaluation.on_cluster import evaluate_as_job, is_job_server_address
+from mazerl.evaluation.settings import EvalSettings
 from mazerl.preflight.data_root import check_data_root, check_root_env
 from mazerl.preflight.input_error import InputError
 from mazerl.preflight.model_dir import check_base_model
@@ -156,9 +157,19 @@ def run_eval_command(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
+    settings = EvalSettings(
+        eval_set=eval_set,
+        eval_workers=args.workers,
+        max_eval_mazes=args.max_mazes,
+        gif_count=args.gifs,
+        eval_engine=args.engine,
+        max_new_tokens=args.max_new_tokens,
+        history_images=args.history_images,
+        history_text=args.history_text,
+    )
     job_server = args.ray_address or os.environ.get("RAY_ADDRESS")
     if is_job_server_address(job_server):  # a dashboard: ray.init cannot take it, Ray's job API can
-        return _run_eval_job(job_server, args, model, eval_set, out)
+        return _run_eval_job(job_server, args, model, settings, out)
 
     from tqdm import tqdm
 
@@ -172,21 +183,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
         bar.refresh()
 
     try:  # without an address (and no RAY_ADDRESS) evaluate() uses the embedded head
-        report = evaluate(
-            model,
-            adapter=args.adapter,
-            eval_set=eval_set,
-            engine=args.engine,
-            workers=args.workers,
-            out_dir=out,
-            gif_count=args.gifs,
-            max_mazes=args.max_mazes,
-            ray_address=args.ray_address,
-            history_images=args.history_images,
-            history_text=args.history_text,
-            max_new_tokens=args.max_new_tokens,
-            progress=progress,
-        )
+        report = evaluate(model, settings, out, args.adapter, ray_address=args.ray_address, progress=progress)
     except ValueError as exc:  # what only loading can find (a tokenizer without Qwen's tokens, ...)
         bar.close()
         print(f"error: {exc}", file=sys.stderr)
@@ -200,24 +197,11 @@ def run_eval_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _run_eval_job(address: str, args: argparse.Namespace, model: Path, eval_set: str, out: Path) -> int:
+def _run_eval_job(address: str, args: argparse.Namespace, model: Path, settings: EvalSettings, out: Path) -> int:
     """The eval as a Ray job on the cluster at ``address``; the job's own lines show its progress."""
-    request = {
-        "model_dir": str(model.resolve()),
-        "adapter": str(Path(args.adapter).expanduser().resolve()) if args.adapter is not None else None,
-        "eval_set": eval_set,
-        "engine": args.engine,
-        "workers": args.workers,
-        "out_dir": str(out.resolve()),
-        "gif_count": args.gifs,
-        "max_mazes": args.max_mazes,
-        "history_images": args.history_images,
-        "history_text": args.history_text,
-        "max_new_tokens": args.max_new_tokens,
-    }
-    print(f"eval {model.name} on {eval_set}: a Ray job on {address}", flush=True)
+    print(f"eval {model.name} on {settings.eval_set}: a Ray job on {address}", flush=True)
     try:
-        report = evaluate_as_job(address, request, log=lambda line: print(line, flush=True))
+        report = evaluate_as_job(address, model, settings, out, args.adapter, log=lambda line: print(line, flush=True))
     except ConfigError as exc:  # the job refused its request (exit code 2), or another run's job is in the way
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -15,7 +15,7 @@ from mazerl.params import PipelineParams
 from mazerl.reporting.promotion import PipelineSummary
 from tasks.attempts import close_killed_attempts, end_mlflow_runs
 from tasks.cluster import verify_cluster
-from tasks.evaluation import EvalSettings, baseline_eval, final_eval
+from tasks.evaluation import baseline_eval, eval_settings, final_eval
 from tasks.merge import merge_lora
 from tasks.promote import promote
 from tasks.setup import prepare
@@ -34,7 +34,7 @@ def pipeline(params: PipelineParams = PipelineParams()) -> PipelineSummary:  # n
     """Teach the policy to solve mazes with multi-turn GRPO and promote it if it beats its baseline."""
     run = prepare(params)
     verify_cluster(run, params)
-    settings = EvalSettings.of(params, run)
+    settings = eval_settings(params, run.eval_set, run.train_config)
     baseline = baseline_eval(run, settings)
     trained = train.with_options(retries=params.train_retries)(run, params, baseline)
     merged = merge_lora(run, trained, params)

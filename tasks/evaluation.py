@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -18,6 +18,7 @@ from prefect.artifacts import create_table_artifact
 from envs.evalset import load as load_eval_set
 from mazerl.eval_files import SUMMARY_FILE
 from mazerl.evaluation.evaluate import EvalReport, chunk_size_for
+from mazerl.evaluation.settings import EvalSettings, eval_request
 from mazerl.fingerprint import model_fingerprint
 from mazerl.params import EvalParams, PipelineParams
 from mazerl.reporting.eval_runs import record_eval
@@ -28,43 +29,20 @@ from tasks.jobs import run_stage_job, write_request
 from tasks.stages import timed_stage
 
 
-@dataclass(frozen=True)
-class EvalSettings:
-    """Everything besides the model that decides an eval's outcome (part of the cache key)."""
-
-    eval_set: str
-    workers: int = 2
-    max_mazes: int | None = None
-    gif_count: int = 4
-    engine: str = "hf"
-    max_new_tokens: int = 24
-    gpus_per_worker: float = 0.0
-    # The context mode (None: the model's recorded one). A pipeline run evaluates in the mode it
-    # trains in, so its baseline and final evals and its training all see the same contexts.
-    history_images: int | str | None = None
-    history_text: int | str | None = None
-
-    @classmethod
-    def of(cls, params: PipelineParams | EvalParams, run: RunContext) -> EvalSettings:
-        """The settings a pipeline or eval-only run's parameters ask for, in the run's context mode."""
-        return cls.in_mode_of(params, run.eval_set, run.train_config)
-
-    @classmethod
-    def in_mode_of(
-        cls, params: PipelineParams | EvalParams, eval_set: str, trained: TrainConfig | None
-    ) -> EvalSettings:
-        """The settings on ``eval_set`` in the context mode of the training ``trained`` (None: the
-        model's recorded mode): what ``prepare`` needs before the run's context exists."""
-        return cls(
-            eval_set=eval_set,
-            workers=params.eval_workers,
-            max_mazes=params.max_eval_mazes,
-            gif_count=params.gif_count,
-            engine=params.eval_engine,
-            gpus_per_worker=params.resolved_eval_gpus(),
-            history_images=trained.history_images if trained is not None else None,
-            history_text=trained.history_text if trained is not None else None,
-        )
+def eval_settings(params: PipelineParams | EvalParams, eval_set: str, trained: TrainConfig | None) -> EvalSettings:
+    """The eval settings a pipeline or eval-only run's parameters ask for, on ``eval_set``, in the
+    context mode of the training ``trained`` (None: the model's recorded mode). Built once per run:
+    ``prepare`` keys the run clock on them, the flow passes them to both evals."""
+    return EvalSettings(
+        eval_set=eval_set,
+        eval_workers=params.eval_workers,
+        max_eval_mazes=params.max_eval_mazes,
+        gif_count=params.gif_count,
+        eval_engine=params.eval_engine,
+        eval_gpus_per_worker=params.resolved_eval_gpus(),
+        history_images=trained.history_images if trained is not None else None,
+        history_text=trained.history_text if trained is not None else None,
+    )
 
 
 def baseline_cache_key(context, parameters: dict) -> str:
@@ -72,15 +50,15 @@ def baseline_cache_key(context, parameters: dict) -> str:
     run: RunContext = parameters["run"]
     settings: EvalSettings = parameters["settings"]
     eval_set = load_eval_set(settings.eval_set)
-    mazes = min(settings.max_mazes or len(eval_set), len(eval_set))
+    mazes = min(settings.max_eval_mazes or len(eval_set), len(eval_set))
     key = json.dumps(
         {
             "model": model_fingerprint(run.base_model),
             "eval_set": eval_set.digest,
             # workers and their GPUs change speed and placement; of the workers only the chunking they
             # imply (mazes batched per turn) can change a reply
-            "settings": asdict(settings) | {"workers": None, "gpus_per_worker": None},
-            "chunk_size": chunk_size_for(mazes, settings.workers),
+            "settings": asdict(settings) | {"eval_workers": None, "eval_gpus_per_worker": None},
+            "chunk_size": chunk_size_for(mazes, settings.eval_workers),
             "root": str(run.root),
         },
         sort_keys=True,
@@ -91,20 +69,7 @@ def baseline_cache_key(context, parameters: dict) -> str:
 def _evaluate(run: RunContext, stage: str, model_dir: Path, settings: EvalSettings) -> EvalReport:
     out_dir = run.run_dir / "eval" / stage
     out_dir.mkdir(parents=True, exist_ok=True)
-    request = {
-        "model_dir": str(model_dir),
-        "eval_set": settings.eval_set,
-        "engine": settings.engine,
-        "workers": settings.workers,
-        "gpus_per_worker": settings.gpus_per_worker,
-        "out_dir": str(out_dir),
-        "gif_count": settings.gif_count,
-        "max_mazes": settings.max_mazes,
-        "max_new_tokens": settings.max_new_tokens,
-        "history_images": settings.history_images,
-        "history_text": settings.history_text,
-    }
-    request_path = write_request(out_dir / "request.json", request)
+    request_path = write_request(out_dir / "request.json", eval_request(model_dir, settings, out_dir))
     # The stage's MLflow run starts with the eval job; record_eval ends it once the report is logged.
     clock = run.clock()
     with stage_run(run.tracking_uri, run.stage_run_id(f"{stage}_eval"), finish=False):

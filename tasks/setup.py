@@ -29,7 +29,7 @@ from mazerl.tracking.registry import model_version_dir
 from mazerl.training.config import TrainConfig
 from mazerl.training.recipes import PIPELINE_SET_TRAINING_FIELDS
 from tasks.context import RunContext
-from tasks.evaluation import EvalSettings
+from tasks.evaluation import eval_settings
 
 
 def retry_unless_bad_input(task, task_run, state) -> bool:
@@ -60,7 +60,7 @@ def prepare(params: PipelineParams) -> RunContext:
     # the run's training config, resolved once: every stage that needs it gets it from the context
     config = params.train_config(run_id, base_model)
     keys = work_keys(
-        eval_settings=asdict(EvalSettings.in_mode_of(params, params.resolved_eval_set(), config)),
+        eval_settings=asdict(eval_settings(params, params.resolved_eval_set(), config)),
         training=config.model_dump(mode="json"),
         base_model=base_model,
     )

@@ -1,10 +1,12 @@
 """The eval stage: Wilson intervals, summaries, files, and worker-count independence over real local Ray."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from mazerl.evaluation.evaluate import EvalReport, evaluate
+from mazerl.evaluation.settings import EvalSettings
 from mazerl.evaluation.summary import summarize, wilson_interval
 
 
@@ -62,11 +64,11 @@ def local_ray(local_ray_head):
 
 def test_two_workers_equal_one_worker_maze_by_maze(starter_model_dir, tmp_path, local_ray):
     # given the starter on the first 12 mazes of the embedded set, in chunks of 4
-    common = {"eval_set": "maze256-small-v1", "max_mazes": 12, "chunk_size": 4, "gif_count": 2}
+    settings = EvalSettings(eval_set="maze256-small-v1", max_eval_mazes=12, gif_count=2)
     # when evaluated with one worker and with two
     said: list[str] = []
-    one = evaluate(starter_model_dir, workers=1, out_dir=tmp_path / "one", log=said.append, **common)
-    two = evaluate(starter_model_dir, workers=2, out_dir=tmp_path / "two", **common)
+    one = evaluate(starter_model_dir, settings, tmp_path / "one", chunk_size=4, log=said.append)
+    two = evaluate(starter_model_dir, replace(settings, eval_workers=2), tmp_path / "two", chunk_size=4)
     assert not said, "the model's own context mode needs no warning"
 
     # then every maze got the same replies, and the headline numbers agree
@@ -91,11 +93,10 @@ def test_two_workers_equal_one_worker_maze_by_maze(starter_model_dir, tmp_path, 
     # and a mode the model was not trained in is played as asked, but said loudly and recorded
     other = evaluate(
         starter_model_dir,
-        workers=1,
-        out_dir=tmp_path / "other",
+        replace(settings, max_eval_mazes=4, history_text=0),
+        tmp_path / "other",
+        chunk_size=4,
         log=said.append,
-        history_text=0,
-        **(common | {"max_mazes": 4}),
     )
     assert len(said) == 1 and "history_text=0" in said[0] and "'feedback'" in said[0], said
     summary = json.loads(other.summary_path.read_text())
@@ -105,19 +106,20 @@ def test_two_workers_equal_one_worker_maze_by_maze(starter_model_dir, tmp_path, 
 @pytest.mark.parametrize(
     ("overrides", "error", "message"),
     [
-        ({"engine": "tensorrt"}, ValueError, "engine"),
-        ({"workers": 0}, ValueError, "workers"),
+        ({"eval_engine": "tensorrt"}, ValueError, "eval_engine"),
+        ({"eval_workers": 0}, ValueError, "eval_workers"),
         ({"gif_count": -1}, ValueError, "gif_count"),
-        ({"max_mazes": 0}, ValueError, "max_mazes"),
+        ({"max_eval_mazes": 0}, ValueError, "max_eval_mazes"),
+        ({"max_new_tokens": 0}, ValueError, "max_new_tokens"),
         ({"eval_set": "maze9-nope"}, ValueError, "unknown eval set"),
         ({"history_images": 0}, ValueError, "history_images"),
         ({"history_images": 2, "history_text": "feedback"}, ValueError, "history_images: 1"),
     ],
 )
 def test_bad_eval_arguments_are_refused_before_any_work(starter_model_dir, tmp_path, overrides, error, message):
-    arguments = {"eval_set": "maze256-small-v1", "out_dir": tmp_path / "out"} | overrides
+    settings = EvalSettings(**({"eval_set": "maze256-small-v1"} | overrides))
     with pytest.raises(error, match=message):
-        evaluate(starter_model_dir, **arguments)
+        evaluate(starter_model_dir, settings, tmp_path / "out")
     assert not (tmp_path / "out").exists(), "nothing is written for a call that was refused"
 
 
@@ -125,7 +127,7 @@ def test_a_missing_model_is_refused(tmp_path):
     from mazerl.policy.loader import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="not a directory"):
-        evaluate(tmp_path / "missing", eval_set="maze256-small-v1", out_dir=tmp_path / "out")
+        evaluate(tmp_path / "missing", EvalSettings(eval_set="maze256-small-v1"), tmp_path / "out")
 
 
 def test_a_worker_reports_each_maze_as_its_episode_ends_not_each_chunk():
@@ -138,7 +140,8 @@ def test_a_worker_reports_each_maze_as_its_episode_ends_not_each_chunk():
             self.add = type("Remote", (), {"remote": staticmethod(self.adds.append)})
 
     # Given a worker playing one chunk of 8 mazes greedily with the shipped starter (it solves some, early),
-    job = EvalJob(str(shipped_starter()), None, "hf", "maze256-small-v1", 1, "feedback", "tuple", 12, 1, "cpu", 0)
+    settings = EvalSettings(eval_set="maze256-small-v1", gif_count=0, max_new_tokens=12, history_images=1)
+    job = EvalJob(str(shipped_starter()), None, replace(settings, history_text="feedback"), "tuple", 1, "cpu")
     counter = Counter()
     result = EvalWorker(job).run(list(range(8)), counter)
     # then its counter heard of the mazes as they ended: one report per episode length, adding up to the chunk.

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from mazerl.evaluation.settings import EvalSettings, eval_request, read_eval_request
 from mazerl.params import EvalParams, PipelineParams
-from tasks.evaluation import EvalSettings, baseline_cache_key
+from tasks.evaluation import baseline_cache_key, eval_settings
 
 
 @pytest.mark.parametrize(
@@ -20,8 +21,13 @@ from tasks.evaluation import EvalSettings, baseline_cache_key
 )
 def test_the_engine_and_its_gpus_reach_the_eval_settings(given, engine, gpus, tmp_path):
     for params in (PipelineParams(**given), EvalParams(model_dir="/m", **given)):
-        settings = EvalSettings.of(params, run_context(tmp_path))
-        assert (settings.engine, settings.gpus_per_worker) == (engine, gpus)
+        settings = settings_of(params, run_context(tmp_path))
+        assert (settings.eval_engine, settings.eval_gpus_per_worker) == (engine, gpus)
+
+
+def settings_of(params, run):
+    """What the flows build: the run's parameters on its eval set, in its training's context mode."""
+    return eval_settings(params, run.eval_set, run.train_config)
 
 
 def run_context(tmp_path, train_config=None):
@@ -42,13 +48,13 @@ def test_a_pipeline_run_evaluates_in_the_context_mode_it_trains_in(tmp_path):
     trained = TrainConfig(run_id="r", base_model=tmp_path, history_images=1, history_text=0)
     run = run_context(tmp_path, trained)
     # when its eval settings are built, then both evals use the training's mode,
-    settings = EvalSettings.of(PipelineParams(), run)
+    settings = settings_of(PipelineParams(), run)
     assert (settings.history_images, settings.history_text) == (1, 0)
     # an eval-only run leaves the mode to the model's record,
-    assert EvalSettings.of(EvalParams(model_dir="/m"), run_context(tmp_path)).history_text is None
+    assert settings_of(EvalParams(model_dir="/m"), run_context(tmp_path)).history_text is None
     # and another mode is another baseline (the cache key changes with it)
     key = lambda s: baseline_cache_key(None, {"run": run, "settings": s})  # noqa: E731
-    assert key(settings) != key(EvalSettings.of(PipelineParams(), run_context(tmp_path)))
+    assert key(settings) != key(settings_of(PipelineParams(), run_context(tmp_path)))
 
 
 @pytest.mark.parametrize(
@@ -67,9 +73,9 @@ def test_bad_engine_settings_are_refused_naming_the_parameter(given, says):
 
 def test_gpus_per_worker_is_placement_not_a_result_so_the_baseline_cache_ignores_it(tmp_path):
     run = run_context(tmp_path)
-    on_cpu = EvalSettings(eval_set="maze256-small-v1", engine="hf", gpus_per_worker=0.0)
-    on_gpu = EvalSettings(eval_set="maze256-small-v1", engine="hf", gpus_per_worker=1.0)
-    vllm = EvalSettings(eval_set="maze256-small-v1", engine="vllm", gpus_per_worker=1.0)
+    on_cpu = EvalSettings(eval_set="maze256-small-v1", eval_engine="hf", eval_gpus_per_worker=0.0)
+    on_gpu = EvalSettings(eval_set="maze256-small-v1", eval_engine="hf", eval_gpus_per_worker=1.0)
+    vllm = EvalSettings(eval_set="maze256-small-v1", eval_engine="vllm", eval_gpus_per_worker=1.0)
     key = lambda s: baseline_cache_key(None, {"run": run, "settings": s})  # noqa: E731
     assert key(on_cpu) == key(on_gpu), "where the workers run does not change the baseline's results"
     assert key(vllm) != key(on_gpu), "another engine is another baseline"
@@ -101,7 +107,33 @@ def test_the_worker_count_reaches_the_baseline_cache_only_through_the_chunking_i
     (model / "config.json").write_text("{}")
     run = RunContext("r", "f", tmp_path / "root", "sqlite://", "http://h:1", model, "maze64-easy-v1", {}, "p")
     key = lambda workers: baseline_cache_key(  # noqa: E731
-        None, {"run": run, "settings": EvalSettings(eval_set="maze64-easy-v1", workers=workers)}
+        None, {"run": run, "settings": EvalSettings(eval_set="maze64-easy-v1", eval_workers=workers)}
     )
     # 64 mazes: 2 and 1 workers both play chunks of 32, 6 workers chunks of 11 (another batching, maybe other replies)
     assert key(2) == key(1) and key(6) != key(2)
+
+
+def test_the_settings_keep_the_parameters_names_and_cross_to_the_eval_job_unchanged(tmp_path):
+    # Given the settings a pipeline run's parameters ask for,
+    params = PipelineParams(eval_workers=3, max_eval_mazes=16, gif_count=1, eval_engine="hf")
+    settings = settings_of(params, run_context(tmp_path))
+    # then each field is the parameter of the same name,
+    for name in ("eval_workers", "max_eval_mazes", "gif_count", "eval_engine"):
+        assert getattr(settings, name) == getattr(params, name), name
+    # and the eval job reads back exactly the settings written into its request, paths made absolute
+    request = eval_request("model", settings, "out")
+    assert read_eval_request(request)["settings"] == settings
+    assert request["model_dir"].startswith("/") and request["out_dir"].startswith("/")
+
+
+@pytest.mark.parametrize(
+    ("request_", "says"),
+    [
+        ({"model_dir": "/m", "out_dir": "/o", "adapter": None}, "settings"),
+        ({"model_dir": "/m", "out_dir": "/o", "adapter": None, "settings": {"eval_set": "x", "workers": 2}}, "workers"),
+        ({"model_dir": "/m", "out_dir": "/o", "adapter": None, "settings": {}}, "eval_set is missing"),
+    ],
+)
+def test_a_malformed_eval_request_is_refused_naming_what_is_wrong(request_, says):
+    with pytest.raises(ValueError, match=says):
+        read_eval_request(request_)

@@ -8,7 +8,7 @@ import pytest
 
 from mazerl.run_clock import STAGES, RunClock, format_seconds, parse_seconds, work_keys
 
-SETTINGS = {"eval_set": "maze256-small-v1", "max_mazes": 16, "workers": 2}
+SETTINGS = {"eval_set": "maze256-small-v1", "max_eval_mazes": 16, "eval_workers": 2}
 TRAINING = {"run_id": "a", "steps": 10, "learning_rate": 1e-3, "mlflow": {"run_id": "x"}}
 
 

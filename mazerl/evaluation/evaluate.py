@@ -1,9 +1,10 @@
 """The eval stage: every maze of an eval set played greedily, in parallel over Ray workers.
 
-    report = evaluate("/path/to/model", eval_set="maze256-small-v1", workers=2, out_dir="eval/baseline")
+    settings = EvalSettings(eval_set="maze256-small-v1", eval_workers=2)
+    report = evaluate("/path/to/model", settings, out_dir="eval/baseline")
 
 Writes ``results.jsonl`` (one line per maze, in set order), ``summary.json`` and up to
-``gif_count`` episode GIFs (half solved, half failed where the set allows) into
+``settings.gif_count`` episode GIFs (half solved, half failed where the set allows) into
 ``out_dir``, each atomically, and returns an :class:`EvalReport`: a small frozen value
 (paths and numbers) that a Prefect task can return and cache.
 
@@ -24,7 +25,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,8 @@ from mazerl.atomic import write_bytes, write_json, write_jsonl
 from mazerl.cluster.ray_driver import ray_driver
 from mazerl.cluster.ray_local import local_ray_head
 from mazerl.eval_files import RESULTS_FILE, SUMMARY_FILE
-from mazerl.evaluation.engines import ENGINES
 from mazerl.evaluation.engines import gpus_per_worker as worker_gpus
+from mazerl.evaluation.settings import EvalSettings
 from mazerl.evaluation.summary import summarize
 from mazerl.evaluation.workers import EvalJob, EvalWorker, MazeCounter
 from mazerl.fingerprint import model_fingerprint
@@ -116,29 +117,11 @@ def eval_chunks(mazes: int, workers: int, chunk_size: int | None = None) -> list
     return [list(range(start, min(start + size, mazes))) for start in range(0, mazes, size)]
 
 
-def _check_arguments(
-    model_dir: Path,
-    engine: str,
-    workers: int,
-    gif_count: int,
-    max_mazes: int | None,
-    chunk_size: int | None,
-    threads: int,
-    max_new_tokens: int,
-) -> None:
-    if engine not in ENGINES:
-        raise ValueError(f"engine={engine!r} must be one of {ENGINES} (vllm needs a GPU)")
-    for name, value, minimum in (
-        ("workers", workers, 1),
-        ("gif_count", gif_count, 0),
-        ("chunk_size", 1 if chunk_size is None else chunk_size, 1),
-        ("threads_per_worker", threads, 1),
-        ("max_new_tokens", max_new_tokens, 1),
-    ):
-        if value < minimum:
-            raise ValueError(f"{name}={value} must be >= {minimum}")
-    if max_mazes is not None and max_mazes < 1:
-        raise ValueError(f"max_mazes={max_mazes} must be >= 1 (or None for the whole set)")
+def _check_arguments(model_dir: Path, settings: EvalSettings, chunk_size: int | None, threads: int) -> None:
+    settings.check()
+    for name, value in (("chunk_size", 1 if chunk_size is None else chunk_size), ("threads_per_worker", threads)):
+        if value < 1:
+            raise ValueError(f"{name}={value} must be >= 1")
     if not model_dir.is_dir():
         raise ModelLoadError(f"model_dir={str(model_dir)!r} is not a directory; pass a Hugging Face model directory")
     check_model_files(model_dir)
@@ -147,44 +130,37 @@ def _check_arguments(
 
 def evaluate(
     model_dir: str | os.PathLike,
-    adapter: str | os.PathLike | None = None,
-    eval_set: str = "maze64-easy-v1",
-    engine: str = "hf",
-    workers: int = 1,
+    settings: EvalSettings,
     out_dir: str | os.PathLike = "eval",
-    gif_count: int = 4,
-    max_mazes: int | None = None,
+    adapter: str | os.PathLike | None = None,
+    *,
     ray_address: str | None = None,
-    history_images: int | str | None = None,
-    history_text: int | str | None = None,
     action_format: str = "tuple",
-    max_new_tokens: int = 24,
     chunk_size: int | None = None,
     threads_per_worker: int = 1,
-    gpus_per_worker: float | None = None,
     device: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     log: Callable[[str], None] = print,
 ) -> EvalReport:
-    """Evaluate a model (optionally with a LoRA ``adapter``) greedily on every maze of ``eval_set``.
+    """Evaluate a model (optionally with a LoRA ``adapter``) greedily on every maze of ``settings.eval_set``.
 
-    ``history_images``, ``history_text``: None uses the model's recorded setting (the starter's) or "all".
-    ``gpus_per_worker``: None takes the engine's default (:func:`mazerl.evaluation.engines.gpus_per_worker`: one GPU
-    per vllm worker, none for hf).
-    ``chunk_size``: mazes a worker plays as one batch; None sizes them from ``workers`` (:func:`eval_chunks`).
+    ``settings.history_images``, ``.history_text``: None uses the model's recorded setting (the starter's) or
+    "all". ``settings.eval_gpus_per_worker``: None takes the engine's default
+    (:func:`mazerl.evaluation.engines.gpus_per_worker`: one GPU per vllm worker, none for hf).
+    ``chunk_size``: mazes a worker plays as one batch; None sizes them from the workers (:func:`eval_chunks`).
     ``progress(done, total)`` is called as mazes finish (polled every :data:`PROGRESS_POLL_S`). A
     mode other than the one the model was trained in is allowed (a run that trains in another mode
     evaluates its starter in that mode too) but said loudly through ``log`` and recorded in the summary.
     """
     started = time.perf_counter()
     model_dir = Path(model_dir).expanduser().resolve()
-    _check_arguments(model_dir, engine, workers, gif_count, max_mazes, chunk_size, threads_per_worker, max_new_tokens)
+    _check_arguments(model_dir, settings, chunk_size, threads_per_worker)
     if adapter is not None:
         adapter = check_adapter_dir(adapter)
-    mazes = load_eval_set(eval_set)
-    count = len(mazes) if max_mazes is None else min(max_mazes, len(mazes))
-    history = default_history_images(model_dir) if history_images is None else history_images
-    text = default_history_text(model_dir) if history_text is None else history_text
+    mazes = load_eval_set(settings.eval_set)
+    count = len(mazes) if settings.max_eval_mazes is None else min(settings.max_eval_mazes, len(mazes))
+    history = default_history_images(model_dir) if settings.history_images is None else settings.history_images
+    text = default_history_text(model_dir) if settings.history_text is None else settings.history_text
     check_context_mode(history, text)
     recorded = recorded_context_mode(model_dir)
     if recorded != ("all", "all") and recorded != (history, text):
@@ -198,26 +174,22 @@ def evaluate(
     job = EvalJob(
         model_dir=str(model_dir),
         adapter_dir=str(adapter) if adapter is not None else None,
-        engine=engine,
-        eval_set=eval_set,
-        history_images=history,
-        history_text=text,
+        settings=replace(settings, history_images=history, history_text=text),  # the modes resolved
         action_format=action_format,
-        max_new_tokens=max_new_tokens,
         threads=threads_per_worker,
         device=device,
-        gif_candidates=gif_count,
     )
-    chunks = eval_chunks(count, workers, chunk_size)
-    gpus = worker_gpus(engine, gpus_per_worker)
-    if engine == "vllm" and gpus <= 0:
-        raise ValueError("gpus_per_worker=0 with engine='vllm': vLLM runs on GPUs only; give each worker 1 GPU")
-    rows, gifs, rollout_seconds, placement = _run_on_ray(
-        job, chunks, min(workers, len(chunks)), gpus, ray_address, progress
-    )
+    chunks = eval_chunks(count, settings.eval_workers, chunk_size)
+    gpus = worker_gpus(settings.eval_engine, settings.eval_gpus_per_worker)
+    if settings.eval_engine == "vllm" and gpus <= 0:
+        raise ValueError(
+            "eval_gpus_per_worker=0 with eval_engine='vllm': vLLM runs on GPUs only; give each worker 1 GPU"
+        )
+    workers = min(settings.eval_workers, len(chunks))
+    rows, gifs, rollout_seconds, placement = _run_on_ray(job, chunks, workers, gpus, ray_address, progress)
     rows.sort(key=lambda row: row["index"])
-    gif_paths = _write_gifs(out_dir, rows, gifs, gif_count)
-    summary = _summary(model_dir, adapter, mazes, count, job, rows, gif_paths, out_dir, workers)
+    gif_paths = _write_gifs(out_dir, rows, gifs, settings.gif_count)
+    summary = _summary(model_dir, adapter, mazes, count, job, rows, gif_paths, out_dir, settings.eval_workers)
     summary["settings"]["chunk_size"] = len(chunks[0])  # mazes batched per turn: part of what decides the replies
     summary["worker_placement"] = placement  # node, GPUs and device of each worker
     summary["gpus_per_worker"] = gpus
@@ -342,13 +314,13 @@ def _summary(
         "adapter_digest": model_fingerprint(adapter) if adapter is not None else None,
         **summarize(rows, ceiling),
         "max_moves": mazes.max_moves,
-        "settings": {
-            "engine": job.engine,
+        "settings": {  # the summary file's own names (read by tracking.evals.eval_params, as eval.* params)
+            "engine": job.settings.eval_engine,
             "decoding": "greedy",
-            "history_images": job.history_images,
-            "history_text": job.history_text,
+            "history_images": job.settings.history_images,
+            "history_text": job.settings.history_text,
             "action_format": job.action_format,
-            "max_new_tokens": job.max_new_tokens,
+            "max_new_tokens": job.settings.max_new_tokens,
             "max_mazes": count,
         },
         "workers": workers,

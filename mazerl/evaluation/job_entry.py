@@ -1,7 +1,8 @@
 """Ray-job entrypoint of the eval stage: ``python -m mazerl.evaluation.job_entry --config REQUEST``.
 
-The orchestrator writes the request (the keyword arguments of
-:func:`mazerl.evaluation.evaluate.evaluate`) as JSON and submits this module as a Ray job,
+The orchestrator writes the request (:func:`mazerl.evaluation.settings.eval_request`: the model,
+the report's directory and the :class:`~mazerl.evaluation.settings.EvalSettings`) as JSON and
+submits this module as a Ray job,
 so the eval's workers run on the cluster, next to the model files, whatever machine the
 orchestrator is on. Exit codes follow the submitter's contract: 0 done, 2 bad request
 (not retried), 1 anything else.
@@ -17,6 +18,7 @@ import traceback
 
 from envs.evalset import EvalSetError
 from mazerl.evaluation.evaluate import evaluate
+from mazerl.evaluation.settings import read_eval_request
 from mazerl.policy.loader import ModelLoadError
 from mazerl.progress import ProgressMeter
 
@@ -26,13 +28,13 @@ PROGRESS_EVERY_S = 10.0  # progress lines of a long eval: often enough to see it
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", required=True, help="eval request (JSON: evaluate()'s keyword arguments)")
+    parser.add_argument("--config", required=True, help="eval request (JSON: settings.eval_request())")
     args = parser.parse_args(argv)
 
     try:
         with open(args.config) as handle:
-            request = json.load(handle)
-    except (OSError, json.JSONDecodeError) as exc:
+            request = read_eval_request(json.load(handle))
+    except (OSError, json.JSONDecodeError, ValueError, TypeError) as exc:
         print(f"configuration error: cannot read eval request {args.config}: {exc}", flush=True)
         return EXIT_CONFIG_ERROR
 

@@ -11,14 +11,16 @@ this machine does; a remote one needs them on its shared storage, like the pipel
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mazerl.atomic import write_json
 from mazerl.cluster.client import ray_headers
 from mazerl.eval_files import SUMMARY_FILE
+from mazerl.evaluation.settings import EvalSettings, eval_request
 
 if TYPE_CHECKING:
     from mazerl.evaluation.evaluate import EvalReport
@@ -33,9 +35,17 @@ def is_job_server_address(address: str | None) -> bool:
     return address is not None and address.split("://", 1)[0].lower() in ("http", "https", "sagemaker_ray")
 
 
-def evaluate_as_job(address: str, request: dict[str, Any], *, log: Callable[[str], None] = print) -> EvalReport:
-    """Run :func:`~mazerl.evaluation.evaluate.evaluate` with ``request`` (its keyword arguments, paths
-    absolute, ``out_dir`` included) as a Ray job on ``address``; its lines go to ``log``.
+def evaluate_as_job(
+    address: str,
+    model_dir: str | os.PathLike,
+    settings: EvalSettings,
+    out_dir: str | os.PathLike,
+    adapter: str | os.PathLike | None = None,
+    *,
+    log: Callable[[str], None] = print,
+) -> EvalReport:
+    """Run :func:`~mazerl.evaluation.evaluate.evaluate` of ``model_dir`` with ``settings`` as a Ray job
+    on ``address`` (paths as the cluster sees them); its lines go to ``log``.
 
     Raises :class:`~mazerl.cluster.errors.ConfigError` where the job refused its request (exit
     code 2) and :class:`~mazerl.cluster.errors.RetryableJobError` where the job or the cluster failed.
@@ -44,6 +54,7 @@ def evaluate_as_job(address: str, request: dict[str, Any], *, log: Callable[[str
     from mazerl.cluster.submitter import RayJob
     from mazerl.evaluation.evaluate import EvalReport
 
+    request = eval_request(model_dir, settings, out_dir, adapter)
     out_dir = Path(request["out_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
     request_path = write_json(out_dir / REQUEST_FILE, request)

@@ -15,6 +15,7 @@ import torch
 
 from envs.evalset import load as load_eval_set
 from envs.render import episode_caption, episode_gif_bytes
+from mazerl.evaluation.settings import EvalSettings
 from mazerl.evaluation.summary import result_row
 from mazerl.policy.engines import GenerationSettings
 from mazerl.policy.episodes import run_episodes
@@ -30,15 +31,11 @@ class EvalJob:
 
     model_dir: str
     adapter_dir: str | None
-    engine: str  # "hf" or "vllm"
-    eval_set: str
-    history_images: int | str
-    history_text: int | str
+    settings: EvalSettings  # its context mode resolved (never None); gif_count: per chunk, GIFs of up to
+    # this many solved and this many failed episodes are returned
     action_format: str
-    max_new_tokens: int
     threads: int  # torch CPU threads per worker
     device: str | None  # None: GPU if the worker has one, else CPU
-    gif_candidates: int  # per chunk, GIFs of up to this many solved and this many failed episodes are returned
 
 
 @dataclass(frozen=True)
@@ -49,14 +46,14 @@ class ChunkResult:
 
 def make_engine(job: EvalJob) -> tuple[Any, Any]:
     """(engine, processor) for the job; vLLM is imported only when asked for."""
-    if job.engine == "hf":
+    if job.settings.eval_engine == "hf":
         policy = load_policy(job.model_dir, adapter_dir=job.adapter_dir, device=job.device)
         VisionCache().attach(policy.model)  # eval never changes the weights: encode each frame once
         return PrefixCachingEngine.from_policy(policy), policy.processor
-    if job.engine == "vllm":
+    if job.settings.eval_engine == "vllm":
         processor = load_processor(job.model_dir)
         return VLLMEngine(job.model_dir, processor, adapter_dir=job.adapter_dir), processor
-    raise ValueError(f"engine={job.engine!r} must be 'hf' or 'vllm'")
+    raise ValueError(f"eval_engine={job.settings.eval_engine!r} must be 'hf' or 'vllm'")
 
 
 class EvalWorker:
@@ -65,7 +62,7 @@ class EvalWorker:
     def __init__(self, job: EvalJob) -> None:
         torch.set_num_threads(job.threads)
         self.job = job
-        self.eval_set = load_eval_set(job.eval_set)
+        self.eval_set = load_eval_set(job.settings.eval_set)
         self.engine, self.processor = make_engine(job)
 
     def placement(self) -> dict[str, Any]:
@@ -94,14 +91,14 @@ class EvalWorker:
             self.engine,
             self.processor,
             [eval_set.layouts[i] for i in indices],
-            GenerationSettings(greedy=True, max_new_tokens=job.max_new_tokens),
+            GenerationSettings(greedy=True, max_new_tokens=job.settings.max_new_tokens),
             maze_ids=[f"{eval_set.name}/{i}" for i in indices],
             max_moves=eval_set.max_moves,
             action_format=job.action_format,
             cell_px=eval_set.cell_px,
-            history_images=job.history_images,
-            history_text=job.history_text,
-            keep_frames=job.gif_candidates > 0,
+            history_images=job.settings.history_images,
+            history_text=job.settings.history_text,
+            keep_frames=job.settings.gif_count > 0,
             on_turn=lambda _turn, active: report(len(indices) - active),
         )
         report(len(indices))
@@ -109,7 +106,7 @@ class EvalWorker:
         gifs: dict[int, bytes] = {}
         for solved in (True, False):
             chosen = [(i, e) for i, e in zip(indices, episodes, strict=True) if e.solved == solved]
-            for index, episode in chosen[: job.gif_candidates]:
+            for index, episode in chosen[: job.settings.gif_count]:
                 gifs[index] = episode_gif_bytes(episode.frames, caption=episode_caption(episode.solved, episode.moves))
         return ChunkResult(rows=rows, gifs=gifs)
 
