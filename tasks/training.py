@@ -27,7 +27,7 @@ from mazerl.tracking.artifacts import log_config_file
 from mazerl.tracking.lineage import stage_run
 from mazerl.tracking.params import log_params
 from mazerl.training import checkpoints
-from mazerl.training.config import TrainConfig, save_config
+from mazerl.training.config import TrainConfig, record_config
 from mazerl.training.progress import TrainingProgress
 from mazerl.training.skyrl_backend import placement_bundles
 from tasks.context import RunContext, ray_headers
@@ -84,7 +84,7 @@ def _train(run: RunContext, params: PipelineParams, baseline: EvalReport | None)
     run_id = run.stage_run_id("train")
     config = run.training()
     config = config.model_copy(update={"mlflow": config.mlflow.model_copy(update={"run_id": run_id})})
-    config_path = save_config(config, run.run_dir / "train_config.json")  # where the job reads it
+    config_path = record_config(config)  # where the job reads it
     progress_id = create_progress_artifact(0.0, key="train-progress", description=f"GRPO steps of {run.run_id}")
     # One reading of progress for the hang watchdog and the artifact: the step lines both
     # backends print, and the checkpoint marker on the shared mount.

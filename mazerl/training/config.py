@@ -367,3 +367,19 @@ def load_config(path: str | os.PathLike) -> TrainConfig:
 def save_config(config: TrainConfig, path: str | os.PathLike) -> Path:
     """Write the config as JSON atomically (temp name, then rename)."""
     return atomic.write_text(Path(path), config.model_dump_json(indent=2))
+
+
+def record_config(config: TrainConfig) -> Path:
+    """``<run dir>/train_config.json``: the config a run trains with, beside its checkpoints.
+
+    The pipeline's train stage writes it before its job starts (the job reads that file); the
+    trainer writes it only where it is missing or says something else (a bench or test that
+    handed the trainer a config file of its own), so the stage's file is never rewritten.
+    """
+    path = config.run_dir / "train_config.json"
+    try:
+        if load_config(path) == config:
+            return path
+    except (OSError, ValueError):  # missing, or not this config's file
+        pass
+    return save_config(config, path)

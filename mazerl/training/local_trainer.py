@@ -57,7 +57,7 @@ from mazerl.policy.vision_cache import VisionCache
 from mazerl.progress import ProgressMeter, step_line
 from mazerl.starter.record import recorded_context_mode
 from mazerl.training import checkpoints
-from mazerl.training.config import TrainConfig, TrainingConfigError, save_config
+from mazerl.training.config import TrainConfig, TrainingConfigError, record_config
 from mazerl.training.data import epoch_of_step, step_indices
 from mazerl.training.grpo import (
     LOSS_REDUCTIONS,
@@ -380,7 +380,7 @@ class LocalGRPOTrainer:
         config = self.config
         started = time.perf_counter()
         config.run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(config, config.run_dir / "train_config.json")
+        record_config(config)
         resume_from = self._resume_point()
         start_step = resume_from.step if resume_from else 0
         if resume_from is not None and metrics_sink is not None:  # killed after the marker, before the row?
