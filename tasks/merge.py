@@ -18,8 +18,8 @@ from prefect import get_run_logger, task
 
 from mazerl.cluster.client import cluster_nodes
 from mazerl.cluster.errors import RetryableJobError
-from mazerl.merge.lora import MergeReport
 from mazerl.merge.memory import merge_cpus, merge_memory, weights_bytes
+from mazerl.merge.output import MergeReport
 from mazerl.params import PipelineParams
 from mazerl.tracking.lineage import stage_run
 from mazerl.tracking.mlflow_model import log_merged_model

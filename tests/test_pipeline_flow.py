@@ -177,7 +177,7 @@ def test_the_runs_prefect_log_is_free_of_known_noise(full_run):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
-    from mazerl.merge.lora import MergeReport
+    from mazerl.merge.output import MergeReport
 
     # Given the log of a successful flow run, as Prefect's UI and `prefect flow-run logs` show it,
     root, summary = full_run
