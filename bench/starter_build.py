@@ -48,7 +48,7 @@ def build_one(seed: int, checkpoints: int, workdir: Path) -> dict:
     from mazerl.evaluation.settings import EvalSettings
     from mazerl.starter.build import StarterConfig, build_starter
     from mazerl.starter.record import read_record
-    from mazerl.starter.warmstart import training_mazes
+    from mazerl.starter.states import training_mazes
 
     config = StarterConfig(seed=seed)
     eval_set = load_eval_set(config.eval_set)

@@ -2,7 +2,7 @@
 
 The pool holds layouts drawn from seeds ``TRAIN_SEED_OFFSET`` upwards and never a layout of
 the eval set, so eval numbers measure mazes the policy was not trained on. GRPO training
-(``mazerl.training``) and the starter's warm-start (``mazerl.starter.warmstart``) both draw from
+(``mazerl.training``) and the starter's warm-start (``mazerl.starter.states``) both draw from
 it; it lives with the world because it is a fact about the world (how many mazes it has, and
 which ones lie outside a set).
 """

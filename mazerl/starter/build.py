@@ -123,7 +123,7 @@ class StarterConfig(BaseModel):
         ge=0,
         le=1,
         description="Chance that a warm-start answer is the move of a demonstrator that heads for the red square "
-        "instead of the solver's (mazerl.starter.warmstart.demonstrator_action): where the maze leads round, the "
+        "instead of the solver's (mazerl.starter.states.demonstrator_action): where the maze leads round, the "
         "starter's mistakes become near-ties that GRPO can sharpen (v3, the solver only: 0, was confidently wrong "
         "where it failed; 0.6 gives GRPO +20 points in 40 steps, docs/performance.md). 0: the solver only.",
     )
