@@ -46,7 +46,8 @@ def build_one(seed: int, checkpoints: int, workdir: Path) -> dict:
     from envs.evalset import load as load_eval_set
     from mazerl.evaluation.evaluate import evaluate
     from mazerl.evaluation.settings import EvalSettings
-    from mazerl.starter.build import StarterConfig, build_starter
+    from mazerl.starter.build import build_starter
+    from mazerl.starter.config import StarterConfig
     from mazerl.starter.record import read_record
     from mazerl.starter.states import training_mazes
 

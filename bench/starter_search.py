@@ -32,7 +32,8 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from mazerl.starter.build import StarterConfig, build_starter
+    from mazerl.starter.build import build_starter
+    from mazerl.starter.config import StarterConfig
     from mazerl.starter.record import RECORD_FILE
 
     config = StarterConfig(**json.loads(args.config))

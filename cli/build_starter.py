@@ -58,7 +58,8 @@ def run_build_starter_command(args: argparse.Namespace) -> int:
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from mazerl.starter.build import StarterConfig, build_starter  # torch: once the flags are known to work
+    from mazerl.starter.build import build_starter  # torch: once the flags are known to work
+    from mazerl.starter.config import StarterConfig
 
     config = StarterConfig.reduced_build(args.seed) if args.reduced else StarterConfig(seed=args.seed)
     if args.ship:
@@ -69,7 +70,8 @@ def run_build_starter_command(args: argparse.Namespace) -> int:
 
 def ship(config) -> int:
     """Build into a temporary directory, then swap it in for the shipped copy and print the digest to pin."""
-    from mazerl.starter.build import StarterConfig, build_starter  # torch: only for a build
+    from mazerl.starter.build import build_starter  # torch: only for a build
+    from mazerl.starter.config import StarterConfig
 
     if config != StarterConfig():
         print("error: --ship ships the default config only (no --reduced, --seed 0)", file=sys.stderr)

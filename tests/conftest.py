@@ -30,7 +30,8 @@ def starter_model_dir(tmp_path_factory: pytest.TempPathFactory):
     ``mazerl.starter.build.ensure_starter`` and returned as the model directory (a ``Path``);
     treat it as read-only.
     """
-    from mazerl.starter.build import StarterConfig, ensure_starter
+    from mazerl.starter.build import ensure_starter
+    from mazerl.starter.config import StarterConfig
 
     root = tmp_path_factory.mktemp("starter-root")
     return ensure_starter(root, StarterConfig.reduced_build(), log=lambda _: None)

@@ -140,7 +140,8 @@ def test_an_adapter_for_another_base_is_refused(starter_model_dir, tmp_path):
     from transformers import Qwen3VLForConditionalGeneration
 
     from mazerl.policy.loader import load_processor
-    from mazerl.starter.build import StarterConfig, model_config
+    from mazerl.starter.build import model_config
+    from mazerl.starter.config import StarterConfig
 
     other = StarterConfig(text_hidden=64, text_heads=2, vision_hidden=64)
     model = Qwen3VLForConditionalGeneration(model_config(other, load_processor(starter_model_dir).tokenizer))

@@ -5,7 +5,8 @@ import threading
 
 import pytest
 
-from mazerl.starter.build import STARTER_NAME, StarterConfig, build_starter, ensure_starter, weights_digest
+from mazerl.starter.build import STARTER_NAME, build_starter, ensure_starter, weights_digest
+from mazerl.starter.config import StarterConfig
 from mazerl.starter.record import RECORD_FILE, StarterError, read_record
 
 

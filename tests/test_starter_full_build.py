@@ -12,7 +12,8 @@ import pytest
 from envs.evalset import load as load_eval_set
 from mazerl.evaluation.evaluate import evaluate
 from mazerl.evaluation.settings import EvalSettings
-from mazerl.starter.build import StarterConfig, build_starter
+from mazerl.starter.build import build_starter
+from mazerl.starter.config import StarterConfig
 from mazerl.starter.record import read_record
 
 pytestmark = pytest.mark.slow  # about 5 minutes: the full starter build

@@ -4,7 +4,7 @@ import pytest
 from small_mazes import ROUND_THE_CORNER
 
 from envs.maze import Action, Layout, solve_actions
-from mazerl.starter.build import StarterConfig
+from mazerl.starter.config import StarterConfig
 from mazerl.starter.states import demonstrator_action
 
 LAYOUT = ROUND_THE_CORNER  # the way leads round: right, right, down, down
