@@ -257,6 +257,71 @@ def set_determinism(seed: int, threads: int) -> None:
     torch.use_deterministic_algorithms(True)
 
 
+def _untrained_model(config: StarterConfig, log: Callable[[str], None]) -> tuple[Any, Any, Any, torch.nn.Module, int]:
+    """Steps 1-3: tokenizer, image processor, the processor of both, the initialised model and its parameter count."""
+    from transformers import Qwen3VLForConditionalGeneration  # heavy: only for a build
+
+    tokenizer = build_tokenizer(config.vocab_size)
+    image_processor = build_image_processor(config)
+    processor = image_only_processor(tokenizer, image_processor)
+    model = Qwen3VLForConditionalGeneration(model_config(config, tokenizer)).float()
+    parameters = sum(p.numel() for p in model.parameters())
+    log(f"starter: {parameters / 1e6:.2f} M parameters, vocab {len(tokenizer)}, seed {config.seed}")
+    return tokenizer, image_processor, processor, model, parameters
+
+
+def _imitate_solver(
+    model: torch.nn.Module,
+    processor: Any,
+    config: StarterConfig,
+    log: Callable[[str], None],
+    on_checkpoint: Callable[[torch.nn.Module, Any, int, float], dict[str, float]] | None,
+    checkpoints: int,
+) -> dict[str, Any]:
+    """Step 4, the warm-start; its record for ``starter.json``, with ``on_checkpoint`` handed the model and processor."""
+    measure = None
+    if on_checkpoint is not None:
+
+        def measure(step: int, epoch: float) -> dict[str, float]:
+            return on_checkpoint(model, processor, step, epoch)
+
+    return run_warm_start(model, processor, config, log=log, on_checkpoint=measure, checkpoints=checkpoints)
+
+
+def _set_generation(model: torch.nn.Module, tokenizer: Any) -> None:
+    """Eval mode and a greedy generation config that stops at the end of a turn, as the saved model should load."""
+    from transformers import GenerationConfig  # heavy: only for a build
+
+    model.eval()
+    model.generation_config = GenerationConfig(
+        eos_token_id=[tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id],
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
+    )
+
+
+def _build_record(
+    out_dir: Path, config: StarterConfig, digest: str, parameters: int, started: float, warm: dict[str, Any]
+) -> dict[str, Any]:
+    """``starter.json``'s content: name, config, weights digest, build time and versions, then the warm-start's."""
+    return {
+        "name": out_dir.name,
+        "config": config.model_dump(mode="json"),
+        "weights_sha256": digest,
+        "parameters": parameters,
+        # Wall time of the build itself (measurements taken by on_checkpoint excluded).
+        "build_seconds": round(
+            time.perf_counter() - started - warm.get("warm_start", {}).get("checkpoint_seconds", 0.0), 1
+        ),
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": _version("transformers"),
+            "python": platform.python_version(),
+        },
+        **warm,
+    }
+
+
 def build_starter(
     out_dir: str | os.PathLike,
     config: StarterConfig | None = None,
@@ -272,8 +337,6 @@ def build_starter(
     ``on_checkpoint(model, processor, step, epoch)`` may measure the model ``checkpoints``
     times during the warm-start and at its end (benchmarks use it for the learning curve).
     """
-    from transformers import GenerationConfig, Qwen3VLForConditionalGeneration  # heavy: only for a build
-
     config = config or StarterConfig()
     out_dir = Path(out_dir).expanduser().resolve()
     if out_dir.exists():
@@ -286,46 +349,13 @@ def build_starter(
     tmp.mkdir(parents=True)
     try:
         set_determinism(config.seed, config.torch_threads)
-        tokenizer = build_tokenizer(config.vocab_size)
-        image_processor = build_image_processor(config)
-        processor = image_only_processor(tokenizer, image_processor)
-        model = Qwen3VLForConditionalGeneration(model_config(config, tokenizer)).float()
-        parameters = sum(p.numel() for p in model.parameters())
-        log(f"starter: {parameters / 1e6:.2f} M parameters, vocab {len(tokenizer)}, seed {config.seed}")
-        record: dict[str, Any] = {}
-        if warm_start:
-            measure = None
-            if on_checkpoint is not None:
-
-                def measure(step: int, epoch: float) -> dict[str, float]:
-                    return on_checkpoint(model, processor, step, epoch)
-
-            record = run_warm_start(model, processor, config, log=log, on_checkpoint=measure, checkpoints=checkpoints)
-        model.eval()
-        model.generation_config = GenerationConfig(
-            eos_token_id=[tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id],
-            pad_token_id=tokenizer.pad_token_id,
-            do_sample=False,
-        )
+        tokenizer, image_processor, processor, model, parameters = _untrained_model(config, log)
+        warm = _imitate_solver(model, processor, config, log, on_checkpoint, checkpoints) if warm_start else {}
+        _set_generation(model, tokenizer)
         model.save_pretrained(tmp)
         save_processor(tmp, tokenizer, image_processor, config)
         digest = weights_digest(model)
-        record = {
-            "name": out_dir.name,
-            "config": config.model_dump(mode="json"),
-            "weights_sha256": digest,
-            "parameters": parameters,
-            # Wall time of the build itself (measurements taken by on_checkpoint excluded).
-            "build_seconds": round(
-                time.perf_counter() - started - record.get("warm_start", {}).get("checkpoint_seconds", 0.0), 1
-            ),
-            "versions": {
-                "torch": torch.__version__,
-                "transformers": _version("transformers"),
-                "python": platform.python_version(),
-            },
-            **record,
-        }
+        record = _build_record(out_dir, config, digest, parameters, started, warm)
         (tmp / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
         install_dir(tmp, out_dir)
     finally:
