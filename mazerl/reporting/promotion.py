@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
 from envs.evalset import load as load_eval_set
@@ -38,7 +39,7 @@ from mazerl.reporting.per_maze import TABLE_FILE, PairedMaze, changed_mazes, cou
 from mazerl.tracking.curves import GREEDY_KEY, greedy_peak, history_from_jsonl, history_from_mlflow, log_learning_curve
 from mazerl.tracking.lineage import set_run_status
 from mazerl.tracking.mlflow_model import TAG_LOGGED_MODEL
-from mazerl.tracking.registry import TrainedAdapter, describe_version, promote
+from mazerl.tracking.registry import PromotionDecision, TrainedAdapter, describe_version, promote
 from mazerl.tracking.secrets import scrub_text
 from mazerl.tracking.store import HEADLINE_METRICS, client_for, experiment_url, ui_url
 from mazerl.training.config import TrainConfig
@@ -152,6 +153,92 @@ def ray_head_note(cluster_is_embedded: bool) -> str | None:
     )
 
 
+def _curve_and_peak(
+    run: PipelineRun,
+    metrics_jsonl: Path | None,
+    baseline: EvalReport,
+    final: EvalReport,
+    greedy_on: str,
+    greedy_mazes: int | None,
+) -> tuple[int, float] | None:
+    """The learning curve onto the parent run, and (step, success) where the periodic greedy evals peaked."""
+    log_learning_curve(
+        run.tracking_uri,
+        run.pipeline_run_id,
+        run.run_dir / "learning_curve",
+        train_run_id=run.train_run_id,
+        metrics_jsonl=metrics_jsonl,
+        baseline=baseline.success_rate,
+        final=final.success_rate,
+        greedy_on=greedy_on,
+        eval_on=f"{baseline.n} mazes of {baseline.eval_set}",
+        greedy_baseline=success_on_first(baseline, greedy_mazes),
+    )
+    history = history_from_jsonl(metrics_jsonl, (GREEDY_KEY,)) if metrics_jsonl else None
+    return greedy_peak(history or history_from_mlflow(run.tracking_uri, run.train_run_id, (GREEDY_KEY,)))
+
+
+def _pipeline_summary(
+    run: PipelineRun,
+    baseline: EvalReport,
+    final: EvalReport,
+    tally: dict[str, int],
+    decision: PromotionDecision,
+    experiment_id: str,
+    checkpoint_step: int | None,
+    peak: tuple[int, float] | None,
+) -> PipelineSummary:
+    """The run's summary in plain values, from the evals' per-maze tally, the promotion decision and the peak."""
+    home = ui_url(run.tracking_uri)
+    return PipelineSummary(
+        run_id=run.run_id,
+        mlflow_run_id=run.pipeline_run_id,
+        tracking_uri=run.tracking_uri,
+        baseline=baseline.success_rate,
+        final=final.success_rate,
+        budget_ceiling=final.budget_ceiling,
+        fixed=tally["fixed"],
+        broken=tally["broken"],
+        still_failing=tally["still failing"],
+        mcnemar_p=exact_mcnemar_p(tally["fixed"], tally["broken"]),
+        promoted=decision.promoted,
+        decision=decision.reason,
+        run_dir=str(run.run_dir),
+        mlflow_url=experiment_url(home, experiment_id, run.pipeline_run_id) if home else None,
+        ray_head_note=ray_head_note(run.cluster_is_embedded),
+        registered_model=decision.registered_model,
+        version=decision.version,
+        checkpoint_step=checkpoint_step,
+        peak_step=peak[0] if peak else None,
+        peak_success=peak[1] if peak else None,
+    )
+
+
+def _record_summary(
+    client: MlflowClient,
+    run: PipelineRun,
+    summary: PipelineSummary,
+    story: str,
+    experiment_id: str,
+    model_id: str | None,
+) -> None:
+    """What a user reads without digging: the run's and the version's descriptions, summary.json, headline metrics."""
+    client.set_tag(run.pipeline_run_id, TAG_NOTE, truncated_markdown(scrub_text(story)))
+    describe_version(
+        run.tracking_uri,
+        summary.registered_model,
+        summary.version,
+        truncated_markdown(scrub_text(version_markdown(summary, experiment_id, model_id)), VERSION_DESCRIPTION_LIMIT),
+        model_id=model_id,
+    )
+    summary_json = scrub_text(json.dumps(asdict(summary), indent=2))
+    client.log_text(run.pipeline_run_id, summary_json, SUMMARY_FILE)
+    atomic.write_text(run.run_dir / SUMMARY_FILE, summary_json)  # a copy beside the run's files, for scripts
+    now_ms = int(time.time() * 1000)
+    metrics = [Metric(key, value, now_ms, 0) for key, value in summary.headline_metrics().items()]
+    client.log_batch(run.pipeline_run_id, metrics=metrics)
+
+
 def conclude_pipeline_run(
     run: PipelineRun,
     *,
@@ -192,63 +279,14 @@ def conclude_pipeline_run(
     )
     log(decision.reason)
     pairs, _ = log_per_maze(run.tracking_uri, run.pipeline_run_id, baseline, final, run.run_dir / "per_maze")
-    tally = counts(pairs)
-    log_learning_curve(
-        run.tracking_uri,
-        run.pipeline_run_id,
-        run.run_dir / "learning_curve",
-        train_run_id=run.train_run_id,
-        metrics_jsonl=metrics_jsonl,
-        baseline=baseline.success_rate,
-        final=final.success_rate,
-        greedy_on=greedy_on,
-        eval_on=f"{baseline.n} mazes of {baseline.eval_set}",
-        greedy_baseline=success_on_first(baseline, greedy_mazes),
-    )
-    history = history_from_jsonl(metrics_jsonl, (GREEDY_KEY,)) if metrics_jsonl else None
-    peak = greedy_peak(history or history_from_mlflow(run.tracking_uri, run.train_run_id, (GREEDY_KEY,)))
-    home = ui_url(run.tracking_uri)
-    summary = PipelineSummary(
-        run_id=run.run_id,
-        mlflow_run_id=run.pipeline_run_id,
-        tracking_uri=run.tracking_uri,
-        baseline=baseline.success_rate,
-        final=final.success_rate,
-        budget_ceiling=final.budget_ceiling,
-        fixed=tally["fixed"],
-        broken=tally["broken"],
-        still_failing=tally["still failing"],
-        mcnemar_p=exact_mcnemar_p(tally["fixed"], tally["broken"]),
-        promoted=decision.promoted,
-        decision=decision.reason,
-        run_dir=str(run.run_dir),
-        mlflow_url=experiment_url(home, experiment_id, run.pipeline_run_id) if home else None,
-        ray_head_note=ray_head_note(run.cluster_is_embedded),
-        registered_model=decision.registered_model,
-        version=decision.version,
-        checkpoint_step=checkpoint_step,
-        peak_step=peak[0] if peak else None,
-        peak_success=peak[1] if peak else None,
-    )
+    peak = _curve_and_peak(run, metrics_jsonl, baseline, final, greedy_on, greedy_mazes)
+    summary = _pipeline_summary(run, baseline, final, counts(pairs), decision, experiment_id, checkpoint_step, peak)
     if summary.checkpoint_note():
         log(summary.checkpoint_note())
     if summary.ray_head_note:
         log(summary.ray_head_note)
     story = summary_markdown(summary, baseline, final, pairs, mlflow=True)
-    client.set_tag(run.pipeline_run_id, TAG_NOTE, truncated_markdown(scrub_text(story)))
-    describe_version(
-        run.tracking_uri,
-        decision.registered_model,
-        decision.version,
-        truncated_markdown(scrub_text(version_markdown(summary, experiment_id, model_id)), VERSION_DESCRIPTION_LIMIT),
-        model_id=model_id,
-    )
-    summary_json = scrub_text(json.dumps(asdict(summary), indent=2))
-    client.log_text(run.pipeline_run_id, summary_json, SUMMARY_FILE)
-    atomic.write_text(run.run_dir / SUMMARY_FILE, summary_json)  # a copy beside the run's files, for scripts
-    now_ms = int(time.time() * 1000)
-    metrics = [Metric(key, value, now_ms, 0) for key, value in summary.headline_metrics().items()]
-    client.log_batch(run.pipeline_run_id, metrics=metrics)
+    _record_summary(client, run, summary, story, experiment_id, model_id)
     set_run_status(run.tracking_uri, run.pipeline_run_id, "FINISHED")
     return summary
 
