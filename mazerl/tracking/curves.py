@@ -20,6 +20,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from mazerl.atomic import write_bytes, write_text
 from mazerl.eval_files import EVAL_METRICS
@@ -135,34 +136,17 @@ def curve_table(
     return "\n".join(lines) + "\n"
 
 
-def plot_learning_curve(
+def _plot_series(
+    axes: Any,
     history: Mapping[str, Series],
-    out_dir: str | os.PathLike,
-    baseline: float | None = None,
-    final: float | None = None,
-    title: str = "Success by training step",
-    *,
-    greedy_on: str | None = None,
-    eval_on: str | None = None,
-    greedy_baseline: float | None = None,
-) -> tuple[Path, Path]:
-    """Write ``learning_curve.png`` and ``learning_curve.md`` into ``out_dir``; returns both paths.
-
-    The legend names the mazes each series was measured on (``greedy_on``, ``eval_on``).
-    ``greedy_baseline`` (the baseline eval's success on the mazes the greedy evals play) starts
-    the greedy line at step 0."""
-    import matplotlib  # a second to import: only when a curve is drawn
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator, PercentFormatter
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    history = with_baseline_point(history, greedy_baseline)
+    baseline: float | None,
+    final: float | None,
+    last_step: int,
+    greedy_on: str | None,
+    eval_on: str | None,
+) -> None:
+    """The curve's lines and markers: sampled, greedy (its peak labelled), the baseline, the final eval's star."""
     sampled, greedy = list(history.get(SAMPLED_KEY, [])), list(history.get(GREEDY_KEY, []))
-    last_step = max([s for s, _ in sampled + greedy], default=0)
-    figure, axes = plt.subplots(figsize=(8, 4.5), dpi=110)
     if sampled:
         axes.plot(*zip(*sampled, strict=True), color="tab:blue", alpha=0.6, lw=1.2, label="sampled (train rollouts)")
     if greedy:
@@ -183,10 +167,15 @@ def plot_learning_curve(
         axes.plot([0], [baseline], "s", color="tab:gray", ms=8)
     if final is not None:
         axes.plot([last_step], [final], "*", color="tab:red", ms=16, label=f"final (merged) {final:.1%}{_on(eval_on)}")
+
+
+def _frame(axes: Any, values: list[float], last_step: int, title: str) -> None:
+    """Axis labels, a percent scale, and limits that keep every point (the final star too) inside the frame."""
+    from matplotlib.ticker import MaxNLocator, PercentFormatter
+
     axes.set_xlabel("training step")
     axes.set_ylabel("success rate")
     axes.yaxis.set_major_formatter(PercentFormatter(1.0))
-    values = [v for _, v in sampled + greedy] + [v for v in (baseline, final) if v is not None]
     top = min(1.0, max(values, default=1.0) + 0.12)  # room above the highest point for its marker and label
     axes.set_ylim(-0.04, max(top, 0.2) + 0.04)
     pad = max(0.6, 0.04 * last_step)  # a marker at the last step (the final star) stays inside the frame
@@ -195,6 +184,38 @@ def plot_learning_curve(
     axes.grid(alpha=0.3)
     axes.set_title(title)
     axes.legend(loc="best", fontsize=8)
+
+
+def plot_learning_curve(
+    history: Mapping[str, Series],
+    out_dir: str | os.PathLike,
+    baseline: float | None = None,
+    final: float | None = None,
+    title: str = "Success by training step",
+    *,
+    greedy_on: str | None = None,
+    eval_on: str | None = None,
+    greedy_baseline: float | None = None,
+) -> tuple[Path, Path]:
+    """Write ``learning_curve.png`` and ``learning_curve.md`` into ``out_dir``; returns both paths.
+
+    The legend names the mazes each series was measured on (``greedy_on``, ``eval_on``).
+    ``greedy_baseline`` (the baseline eval's success on the mazes the greedy evals play) starts
+    the greedy line at step 0."""
+    import matplotlib  # a second to import: only when a curve is drawn
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    history = with_baseline_point(history, greedy_baseline)
+    points = list(history.get(SAMPLED_KEY, [])) + list(history.get(GREEDY_KEY, []))
+    last_step = max([s for s, _ in points], default=0)
+    figure, axes = plt.subplots(figsize=(8, 4.5), dpi=110)
+    _plot_series(axes, history, baseline, final, last_step, greedy_on, eval_on)
+    values = [v for _, v in points] + [v for v in (baseline, final) if v is not None]
+    _frame(axes, values, last_step, title)
     figure.tight_layout()
     png, markdown = out_dir / "learning_curve.png", out_dir / "learning_curve.md"
     image = io.BytesIO()
