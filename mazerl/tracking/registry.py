@@ -192,6 +192,45 @@ def _decide(
     )
 
 
+def _checked_inputs(
+    registered_model: str, model_source: str, baseline_success: float, final_success: float, threshold: float
+) -> tuple[float, float, float]:
+    """(baseline, final, threshold) as floats; a bad name, rate or empty source is refused before the registry is."""
+    validate_model_name(registered_model)
+    baseline = _check_rate("baseline_success", baseline_success)
+    final = _check_rate("final_success", final_success)
+    threshold = _check_rate("threshold", threshold)
+    if not model_source:
+        raise RegistryError(
+            "model_source is empty; pass the artifact URI of the merged model (mazerl.tracking.artifacts.artifact_uri)"
+        )
+    return baseline, final, threshold
+
+
+def _registered_version(
+    client: MlflowClient,
+    registered_model: str,
+    model_source: str,
+    run_id: str,
+    version_tags: dict[str, str],
+    adapter: TrainedAdapter | None,
+    model_id: str | None,
+) -> Any:
+    """The version to decide on: the adapter's one, else the one this run registered for the source, else a new one."""
+    if adapter is not None:
+        return register_adapter_once(
+            client, registered_model, adapter, model_source, run_id, version_tags, model_id=model_id
+        )
+    version = _existing_version(client, registered_model, model_source, run_id)
+    if version is None:
+        return client.create_model_version(
+            registered_model, source=model_source, run_id=run_id, tags=version_tags, model_id=model_id
+        )
+    for key, value in version_tags.items():  # a retried promotion of this run: the version takes its tags
+        client.set_model_version_tag(registered_model, version.version, key, value)
+    return version
+
+
 def promote(
     tracking_uri: str,
     registered_model: str,
@@ -213,14 +252,9 @@ def promote(
     the readable run id and the stage run ids. With ``adapter``, a version already registered
     for that trained adapter is reused (one version per adapter).
     """
-    validate_model_name(registered_model)
-    baseline = _check_rate("baseline_success", baseline_success)
-    final = _check_rate("final_success", final_success)
-    threshold = _check_rate("threshold", threshold)
-    if not model_source:
-        raise RegistryError(
-            "model_source is empty; pass the artifact URI of the merged model (mazerl.tracking.artifacts.artifact_uri)"
-        )
+    baseline, final, threshold = _checked_inputs(
+        registered_model, model_source, baseline_success, final_success, threshold
+    )
     client = client_for(tracking_uri)
     _ensure_registered_model(client, registered_model)
     version_tags = {
@@ -228,19 +262,7 @@ def promote(
         TAG_FINAL: f"{final:.6f}",
         **{str(k): str(v) for k, v in (tags or {}).items()},
     }
-    if adapter is not None:
-        version = register_adapter_once(
-            client, registered_model, adapter, model_source, run_id, version_tags, model_id=model_id
-        )
-    else:
-        version = _existing_version(client, registered_model, model_source, run_id)
-        if version is None:
-            version = client.create_model_version(
-                registered_model, source=model_source, run_id=run_id, tags=version_tags, model_id=model_id
-            )
-        else:
-            for key, value in version_tags.items():
-                client.set_model_version_tag(registered_model, version.version, key, value)
+    version = _registered_version(client, registered_model, model_source, run_id, version_tags, adapter, model_id)
     champion = _current_champion(client, registered_model)
     number = str(version.version)  # the SQL store returns ints, the REST store strings
     promoted, reason, champion_success = _decide(final, baseline, threshold, champion, number)
