@@ -122,9 +122,15 @@ SKYRL_SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cos
 
 def check_supported(config: TrainConfig) -> None:
     """Refuse settings SkyRL cannot honour, before any file is written or GPU is requested."""
-    s = config.skyrl
     if config.backend != "skyrl":
         raise SkyrlConfigError(f"backend is {config.backend!r}; the SkyRL entry runs only configs with backend: skyrl")
+    _check_generation(config)
+    _check_adapter(config)
+    _check_sizes(config)
+
+
+def _check_generation(config: TrainConfig) -> None:
+    """Refuse what SkyRL's generator, GRPO and scheduler do otherwise than the local engine (context, credit, rate)."""
     if config.history_images != "all":
         raise SkyrlConfigError(
             f"history_images ({config.history_images!r}) is not supported by the SkyRL backend: its VLM "
@@ -151,6 +157,10 @@ def check_supported(config: TrainConfig) -> None:
             "in all, so the rate would reach 0 early; set grpo.update_epochs: 1 and leave mini_batch_mazes unset, "
             "or lr_schedule: constant"
         )
+
+
+def _check_adapter(config: TrainConfig) -> None:
+    """Refuse LoRA settings SkyRL cannot train or vLLM cannot serve (they would fail after the GPUs were taken)."""
     if not config.freeze_vision:
         raise SkyrlConfigError(
             "freeze_vision (False) is not supported by the SkyRL backend: it trains LoRA adapters on "
@@ -172,6 +182,11 @@ def check_supported(config: TrainConfig) -> None:
             f"lora.alpha ({config.lora.alpha}) must be a whole number for the SkyRL backend "
             "(SkyRL's trainer.policy.model.lora.alpha is an int); e.g. 64"
         )
+
+
+def _check_sizes(config: TrainConfig) -> None:
+    """Refuse batch sizes that do not split evenly over the GPUs, and token budgets too small for a conversation."""
+    s = config.skyrl
     if config.mazes_per_step > config.train_pool_size:
         raise SkyrlConfigError(
             f"mazes_per_step ({config.mazes_per_step}) exceeds train_pool_size ({config.train_pool_size}): "
