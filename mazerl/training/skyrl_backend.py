@@ -236,6 +236,11 @@ def placement_bundles(config: TrainConfig) -> tuple[list[dict[str, float]], str]
 def build_overrides(config: TrainConfig) -> dict[str, Any]:
     """Our TrainConfig as ``{dotted SkyRL field: value}`` for ``SkyRLTrainConfig.from_cli_overrides``."""
     check_supported(config)
+    return {**_policy_overrides(config), **_generator_overrides(config), **_run_overrides(config)}
+
+
+def _policy_overrides(config: TrainConfig) -> dict[str, Any]:
+    """What the trainer learns from and how: data, model and adapter, GRPO, batches and optimizer."""
     s, grpo, files = config.skyrl, config.grpo, run_files(config)
     epochs = math.ceil(config.steps / steps_per_epoch(config))
     use_kl = grpo.kl_coef > 0
@@ -279,6 +284,13 @@ def build_overrides(config: TrainConfig) -> dict[str, Any]:
         "trainer.policy.optimizer_config.max_grad_norm": config.max_grad_norm,
         "trainer.max_prompt_length": s.max_prompt_length,
         "trainer.remove_microbatch_padding": False,
+    }
+
+
+def _generator_overrides(config: TrainConfig) -> dict[str, Any]:
+    """How rollouts are sampled, and where the FSDP policy and the vLLM engines run."""
+    s, grpo = config.skyrl, config.grpo
+    return {
         # rollouts
         "generator.n_samples_per_prompt": config.group_size,
         "generator.max_turns": config.max_turns,
@@ -304,6 +316,13 @@ def build_overrides(config: TrainConfig) -> dict[str, Any]:
         "generator.inference_engine.gpu_memory_utilization": s.gpu_memory_utilization,
         "generator.inference_engine.enable_prefix_caching": True,
         "generator.inference_engine.engine_init_kwargs.max_model_len": s.max_model_len,
+    }
+
+
+def _run_overrides(config: TrainConfig) -> dict[str, Any]:
+    """Where the run keeps its checkpoints, exports and logs, when it evaluates, and how it is tracked."""
+    files = run_files(config)
+    return {
         # checkpoints (design section 2: <run dir>/checkpoints, marker written last by SkyRL)
         "trainer.ckpt_path": str(config.checkpoint_dir),
         "trainer.ckpt_interval": config.checkpoint_interval,
