@@ -24,7 +24,8 @@ The checks:
   passes ``merge_memory``, the merge's own rule for its need, :func:`mazerl.merge.memory.merge_memory`).
 - ``gpu.*`` when a :class:`~mazerl.cluster.gpu_smoke.GpuSmoke` is given (the run uses GPUs): on
   every GPU worker, the compute capability against the image's torch, a flash-attn call, a
-  one-token vLLM generate, a LoRA adapter through vLLM, as the run needs them.
+  one-token vLLM generate, a LoRA adapter through vLLM, as the run needs them (the rows:
+  :func:`~mazerl.cluster.gpu_smoke.gpu_rows`).
 - ``inputs.eval_set``: the eval set loads and its digest verifies (here, in this process).
 - ``hyperpod.*`` when a HyperPod cluster name is given (:mod:`mazerl.cluster.hyperpod`);
   advisory (shown, never blocking) when the SageMaker API cannot be asked from here: no IAM
@@ -46,7 +47,7 @@ from typing import Any, Literal, Protocol
 from envs import evalset
 from mazerl.cluster.client import job_client, parse_address
 from mazerl.cluster.errors import ConfigError, RetryableJobError
-from mazerl.cluster.gpu_smoke import GPU_FREE_WAIT_S, GpuSmoke
+from mazerl.cluster.gpu_smoke import GPU_FREE_WAIT_S, GpuSmoke, gpu_rows
 from mazerl.cluster.hyperpod import hyperpod_rows
 from mazerl.cluster.job_spec import TERMINAL, runtime_env_for
 from mazerl.cluster.probe import RESULT_PREFIX, node_name
@@ -139,7 +140,7 @@ def verify_cluster(
                 + _storage_rows(probe, str(data_root), required_free_bytes, footprint)
                 + _model_rows(probe)
                 + (_merge_rows(probe, merge_memory) if merge_memory is not None else [])
-                + (_gpu_rows(probe, gpu_smoke) if gpu_smoke is not None else [])
+                + (gpu_rows(probe, gpu_smoke) if gpu_smoke is not None else [])
             )
     if eval_set:
         rows.append(_eval_set_row(eval_set))
@@ -378,47 +379,6 @@ def _merge_rows(probe: dict, merge_memory: Callable[[int], MemoryNeed]) -> list[
     return [
         CheckRow("ray.merge_memory", f"a node with Ray memory >= {need.describe()} for merge_lora", found, bool(roomy))
     ]
-
-
-GPU_EXPECTED = {
-    "compute_capability": "the GPU's architecture is one the image's torch was built for",
-    "flash_attn": "one flash_attn_func call matches torch's attention",
-    "vllm_generate": "vLLM loads the base model and generates a token",
-    "lora_adapter": "vLLM generates through a LoRA adapter of the run's rank and target modules",
-}
-
-
-def _gpu_rows(probe: dict, smoke: GpuSmoke) -> list[CheckRow]:
-    """One row per check, across every GPU worker (the probe ran one smoke actor on each)."""
-    workers = probe.get("gpu_smoke") or []
-    rows = []
-    for check in smoke.checks:
-        expected = f"on each GPU worker: {GPU_EXPECTED[check]}"
-        if not workers:
-            rows.append(CheckRow(f"gpu.{check}", expected, "no GPU worker to try it on", False))
-            continue
-        failed, passed, unchecked = [], [], []
-        for worker in workers:
-            if not worker["checked"]:
-                unchecked.append(f"{worker['node']}: not checked, its GPUs stay taken by another job")
-                continue
-            result = (worker.get("checks") or {}).get(check)
-            if result is None:
-                failed.append(f"{worker['node']}: {worker.get('error') or 'the check did not run'}")
-            else:
-                (passed if result["ok"] else failed).append(
-                    f"{worker['node']} GPU {','.join(worker.get('gpu_ids', []))}: {result['found']}"
-                )
-        found = "; ".join(failed + passed + unchecked)
-        if failed:
-            rows.append(CheckRow(f"gpu.{check}", expected, f"{len(failed)} of {len(workers)} failed: {found}", False))
-        elif not passed:
-            rows.append(CheckRow(f"gpu.{check}", expected, found, False, advisory=True))
-        else:
-            rows.append(
-                CheckRow(f"gpu.{check}", expected, f"{len(passed)}/{len(workers)} GPU workers ok: {found}", True)
-            )
-    return rows
 
 
 def _eval_set_row(name: str) -> CheckRow:
