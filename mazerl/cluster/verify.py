@@ -100,6 +100,42 @@ def verify_cluster(
     merge's memory need for the base model's weight bytes as the probe found them (its task passes
     :func:`mazerl.merge.memory.merge_memory`); None leaves out the ``ray.merge_memory`` row.
     """
+    _check_arguments(data_root, required_nodes, required_gpus, gpus_per_node, eval_workers, eval_gpus_per_worker)
+    started = time.monotonic()
+    parsed = parse_address(address)
+    say = log or (lambda _line: None)
+    rows: list[CheckRow] = []
+
+    probe = _probe(parsed.value, headers, runtime_env, data_root, base_model, gpu_smoke, timeout_s, say, rows)
+    if probe is not None:
+        rows.extend(
+            _ray_rows(probe, required_nodes, required_gpus, gpus_per_node)
+            + _eval_rows(probe, eval_workers, eval_gpus_per_worker)
+            + _storage_rows(probe, str(data_root), required_free_bytes, footprint)
+            + _model_rows(probe)
+            + (_merge_rows(probe, merge_memory) if merge_memory is not None else [])
+            + (gpu_rows(probe, gpu_smoke) if gpu_smoke is not None else [])
+        )
+    if eval_set:
+        rows.append(_eval_set_row(eval_set))
+    if hyperpod_cluster:
+        rows.extend(hyperpod_rows(hyperpod_cluster, hyperpod_region, sagemaker_client))
+    report = ClusterReport(address=parsed.value, rows=tuple(rows), seconds=round(time.monotonic() - started, 2))
+    say(
+        f"verify_cluster: {'ready' if report.ok else 'NOT ready'} ({len(report.failures)} of {len(rows)} checks failed)"
+    )
+    return report
+
+
+def _check_arguments(
+    data_root: str,
+    required_nodes: int,
+    required_gpus: int,
+    gpus_per_node: int,
+    eval_workers: int,
+    eval_gpus_per_worker: float,
+) -> None:
+    """Arguments that make no sense raise ConfigError; a failed check never does (it becomes a row)."""
     for name, value in (
         ("required_nodes", required_nodes),
         ("required_gpus", required_gpus),
@@ -118,42 +154,35 @@ def verify_cluster(
         raise ConfigError(
             f"data_root ({data_root!r}) must be an absolute path as the cluster's nodes see it, e.g. /shared"
         )
-    started = time.monotonic()
-    parsed = parse_address(address)
-    say = log or (lambda _line: None)
-    rows: list[CheckRow] = []
-
-    client = _connect(parsed.value, headers, rows)
-    if client is not None:
-        env = runtime_env_for(parsed.value) if runtime_env == "auto" else runtime_env
-        request: dict[str, Any] = {"data_root": str(data_root), "base_model": str(base_model) if base_model else None}
-        if gpu_smoke is not None:
-            request["gpu_smoke"] = gpu_smoke.request() | {"gpu_free_wait_s": GPU_FREE_WAIT_S}
-            timeout_s += gpu_smoke.timeout_s + GPU_FREE_WAIT_S
-            say(f"verify_cluster: the GPU smoke row tries {', '.join(gpu_smoke.checks)} on every GPU worker")
-        say(f"verify_cluster: probing {parsed.value}")
-        probe = _run_probe(client, parsed.value, request, env, timeout_s, rows)
-        if probe is not None:
-            rows.extend(
-                _ray_rows(probe, required_nodes, required_gpus, gpus_per_node)
-                + _eval_rows(probe, eval_workers, eval_gpus_per_worker)
-                + _storage_rows(probe, str(data_root), required_free_bytes, footprint)
-                + _model_rows(probe)
-                + (_merge_rows(probe, merge_memory) if merge_memory is not None else [])
-                + (gpu_rows(probe, gpu_smoke) if gpu_smoke is not None else [])
-            )
-    if eval_set:
-        rows.append(_eval_set_row(eval_set))
-    if hyperpod_cluster:
-        rows.extend(hyperpod_rows(hyperpod_cluster, hyperpod_region, sagemaker_client))
-    report = ClusterReport(address=parsed.value, rows=tuple(rows), seconds=round(time.monotonic() - started, 2))
-    say(
-        f"verify_cluster: {'ready' if report.ok else 'NOT ready'} ({len(report.failures)} of {len(rows)} checks failed)"
-    )
-    return report
 
 
 # --- Ray ----------------------------------------------------------------------------------
+
+
+def _probe(
+    address: str,
+    headers: dict[str, str] | None,
+    runtime_env: dict[str, Any] | None | Literal["auto"],
+    data_root: str,
+    base_model: str | None,
+    gpu_smoke: GpuSmoke | None,
+    timeout_s: float,
+    say: Callable[[str], None],
+    rows: list[CheckRow],
+) -> dict | None:
+    """Connect, then run the probe job, each adding its row; None when either failed, so the rows that
+    need the probe's findings are skipped instead of waiting on timeouts."""
+    client = _connect(address, headers, rows)
+    if client is None:
+        return None
+    env = runtime_env_for(address) if runtime_env == "auto" else runtime_env
+    request: dict[str, Any] = {"data_root": str(data_root), "base_model": str(base_model) if base_model else None}
+    if gpu_smoke is not None:
+        request["gpu_smoke"] = gpu_smoke.request() | {"gpu_free_wait_s": GPU_FREE_WAIT_S}
+        timeout_s += gpu_smoke.timeout_s + GPU_FREE_WAIT_S
+        say(f"verify_cluster: the GPU smoke row tries {', '.join(gpu_smoke.checks)} on every GPU worker")
+    say(f"verify_cluster: probing {address}")
+    return _run_probe(client, address, request, env, timeout_s, rows)
 
 
 def _connect(address: str, headers: dict[str, str] | None, rows: list[CheckRow]):
