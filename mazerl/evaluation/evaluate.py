@@ -159,16 +159,7 @@ def evaluate(
         adapter = check_adapter_dir(adapter)
     mazes = load_eval_set(settings.eval_set)
     count = len(mazes) if settings.max_eval_mazes is None else min(settings.max_eval_mazes, len(mazes))
-    history = default_history_images(model_dir) if settings.history_images is None else settings.history_images
-    text = default_history_text(model_dir) if settings.history_text is None else settings.history_text
-    check_context_mode(history, text)
-    recorded = recorded_context_mode(model_dir)
-    if recorded != ("all", "all") and recorded != (history, text):
-        log(
-            f"warning: evaluating {model_dir.name} with history_images={history!r}, history_text={text!r}, but it was "
-            f"trained with history_images={recorded[0]!r}, history_text={recorded[1]!r}: it sees contexts it was not "
-            "trained on"
-        )
+    history, text, recorded = _context_mode(model_dir, settings, log)
     out_dir = Path(out_dir).expanduser().resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     job = EvalJob(
@@ -180,11 +171,7 @@ def evaluate(
         device=device,
     )
     chunks = eval_chunks(count, settings.eval_workers, chunk_size)
-    gpus = worker_gpus(settings.eval_engine, settings.eval_gpus_per_worker)
-    if settings.eval_engine == "vllm" and gpus <= 0:
-        raise ValueError(
-            "eval_gpus_per_worker=0 with eval_engine='vllm': vLLM runs on GPUs only; give each worker 1 GPU"
-        )
+    gpus = _gpus_per_worker(settings)
     workers = min(settings.eval_workers, len(chunks))
     rows, gifs, rollout_seconds, placement = _run_on_ray(job, chunks, workers, gpus, ray_address, progress)
     rows.sort(key=lambda row: row["index"])
@@ -200,6 +187,34 @@ def evaluate(
     write_jsonl(out_dir / RESULTS_FILE, rows)
     write_json(out_dir / SUMMARY_FILE, summary)
     return EvalReport.from_summary(out_dir / SUMMARY_FILE)
+
+
+def _context_mode(
+    model_dir: Path, settings: EvalSettings, log: Callable[[str], None]
+) -> tuple[int | str, int | str, tuple[int | str, int | str]]:
+    """(history_images, history_text, the model's recorded mode): None settings take the recorded mode,
+    and a mode other than the one the model was trained in is said loudly."""
+    history = default_history_images(model_dir) if settings.history_images is None else settings.history_images
+    text = default_history_text(model_dir) if settings.history_text is None else settings.history_text
+    check_context_mode(history, text)
+    recorded = recorded_context_mode(model_dir)
+    if recorded != ("all", "all") and recorded != (history, text):
+        log(
+            f"warning: evaluating {model_dir.name} with history_images={history!r}, history_text={text!r}, but it was "
+            f"trained with history_images={recorded[0]!r}, history_text={recorded[1]!r}: it sees contexts it was not "
+            "trained on"
+        )
+    return history, text, recorded
+
+
+def _gpus_per_worker(settings: EvalSettings) -> float:
+    """The GPUs each eval worker asks Ray for (the engine's default when unset); vLLM cannot run on none."""
+    gpus = worker_gpus(settings.eval_engine, settings.eval_gpus_per_worker)
+    if settings.eval_engine == "vllm" and gpus <= 0:
+        raise ValueError(
+            "eval_gpus_per_worker=0 with eval_engine='vllm': vLLM runs on GPUs only; give each worker 1 GPU"
+        )
+    return gpus
 
 
 def _run_on_ray(
