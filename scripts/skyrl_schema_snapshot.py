@@ -57,7 +57,7 @@ def type_name(annotation: typing.Any) -> str:
 
 
 def accepted_kinds(annotation: typing.Any) -> list[str]:
-    """The value kinds (as ``skyrl_backend.value_kind`` names them) an annotation admits."""
+    """The value kinds (as ``skyrl_schema.value_kind`` names them) an annotation admits."""
     if annotation is typing.Any:
         return ["any"]
     if annotation is type(None):

@@ -8,8 +8,12 @@ retries themselves back off (:data:`RETRY_DELAYS_S`).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from uuid import UUID
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -85,45 +89,11 @@ def _train(run: RunContext, params: PipelineParams, baseline: EvalReport | None)
     config = run.training()
     config = config.model_copy(update={"mlflow": config.mlflow.model_copy(update={"run_id": run_id})})
     config_path = record_config(config)  # where the job reads it
-    progress_id = create_progress_artifact(0.0, key="train-progress", description=f"GRPO steps of {run.run_id}")
-    # One reading of progress for the hang watchdog and the artifact: the step lines both
-    # backends print, and the checkpoint marker on the shared mount.
-    progress = TrainingProgress(config.checkpoint_dir, total_steps=config.steps)
-    shown = {"fraction": 0.0}
-
-    def on_line(_line: str) -> None:  # the submitter has fed the line to `progress` already
-        fraction = progress.fraction
-        if fraction is not None and fraction > shown["fraction"]:
-            shown["fraction"] = fraction
-            update_progress_artifact(progress_id, 100.0 * fraction)
-
+    progress, progress_id, on_line = _progress_artifact(run, config)
     resumed = checkpoints.latest(config.checkpoint_dir)
     clock = run.clock()
     greedy_baseline = None
     attempt = attempt_number()
-
-    def wait_for_the_cluster() -> None:  # a retry resubmits only once the cluster has what the job asks for
-        try:
-            wait_for_resources(
-                run.ray_address,
-                job_need(config, params.local_train_gpus),
-                pipeline_run_id=run.flow_run_id,
-                attempt=attempt,
-                stage="train",
-                timeout_s=params.resource_wait_s,
-                report_every_s=capacity.REPORT_EVERY_S,
-                headers=ray_headers(run.ray_address),
-                log=logger.info,
-            )
-        except ResourcesUnavailableError as exc:
-            step = checkpoints.read_marker(config.checkpoint_dir) or 0
-            raise ResourcesUnavailableError(
-                f"train: {exc}. The checkpoint at step {step} is kept: once the cluster has them again, retry this "
-                f"flow run (prefect flow-run retry {flow_run.id}) and training resumes after step {step}; "
-                f"resource_wait_s ({params.resource_wait_s:g} s) bounds the wait",
-                address=exc.address,
-                waited_s=exc.waited_s,
-            ) from None
 
     with stage_run(run.tracking_uri, run_id):
         log_params(run.tracking_uri, run_id, config)
@@ -146,7 +116,7 @@ def _train(run: RunContext, params: PipelineParams, baseline: EvalReport | None)
             ),
             identity=config.identity(),
             entrypoint_num_gpus=params.local_train_gpus or None,
-            before_submit=wait_for_the_cluster if attempt > 1 else None,
+            before_submit=partial(_wait_for_the_cluster, run, params, config, attempt, logger) if attempt > 1 else None,
         )
         trained_by = outcome.metadata.get(META_IDENTITY_PREFIX + "run_id", config.run_id)
         if trained_by != config.run_id:  # re-attached to the same training started by an earlier flow run
@@ -169,3 +139,53 @@ def _train(run: RunContext, params: PipelineParams, baseline: EvalReport | None)
         submission_id=outcome.submission_id,
         resumed_from=resumed.step if resumed else 0,
     )
+
+
+def _progress_artifact(run: RunContext, config: TrainConfig) -> tuple[TrainingProgress, UUID, Callable[[str], None]]:
+    """The train-progress artifact and the job-line hook that moves it on, with the progress both read.
+
+    One reading of progress for the hang watchdog and the artifact: the step lines both backends
+    print, and the checkpoint marker on the shared mount.
+    """
+    progress_id = create_progress_artifact(0.0, key="train-progress", description=f"GRPO steps of {run.run_id}")
+    progress = TrainingProgress(config.checkpoint_dir, total_steps=config.steps)
+    shown = {"fraction": 0.0}
+
+    def on_line(_line: str) -> None:  # the submitter has fed the line to `progress` already
+        fraction = progress.fraction
+        if fraction is not None and fraction > shown["fraction"]:
+            shown["fraction"] = fraction
+            update_progress_artifact(progress_id, 100.0 * fraction)
+
+    return progress, progress_id, on_line
+
+
+def _wait_for_the_cluster(
+    run: RunContext,
+    params: PipelineParams,
+    config: TrainConfig,
+    attempt: int,
+    logger: logging.Logger | logging.LoggerAdapter,
+) -> None:
+    """A retry resubmits only once the cluster has what the job asks for; a timeout says how to resume."""
+    try:
+        wait_for_resources(
+            run.ray_address,
+            job_need(config, params.local_train_gpus),
+            pipeline_run_id=run.flow_run_id,
+            attempt=attempt,
+            stage="train",
+            timeout_s=params.resource_wait_s,
+            report_every_s=capacity.REPORT_EVERY_S,
+            headers=ray_headers(run.ray_address),
+            log=logger.info,
+        )
+    except ResourcesUnavailableError as exc:
+        step = checkpoints.read_marker(config.checkpoint_dir) or 0
+        raise ResourcesUnavailableError(
+            f"train: {exc}. The checkpoint at step {step} is kept: once the cluster has them again, retry this "
+            f"flow run (prefect flow-run retry {flow_run.id}) and training resumes after step {step}; "
+            f"resource_wait_s ({params.resource_wait_s:g} s) bounds the wait",
+            address=exc.address,
+            waited_s=exc.waited_s,
+        ) from None

@@ -327,8 +327,7 @@ def test_gpu_smoke_real_checks_without_gpu_say_that_no_cuda_device_is_visible():
 
 
 def test_gpu_rows_report_each_worker_and_a_worker_whose_gpus_are_taken_without_blocking():
-    from mazerl.cluster.gpu_smoke import GpuSmoke
-    from mazerl.cluster.verify import _gpu_rows
+    from mazerl.cluster.gpu_smoke import GpuSmoke, gpu_rows
 
     smoke = GpuSmoke(("compute_capability", "vllm_generate"))
     ok = {"ok": True, "found": "sm_120"}
@@ -336,8 +335,8 @@ def test_gpu_rows_report_each_worker_and_a_worker_whose_gpus_are_taken_without_b
         {"node": "a", "checked": True, "gpu_ids": ["0"], "checks": {"compute_capability": ok, "vllm_generate": ok}},
         {"node": "b", "checked": False},
     ]
-    rows = {row.name: row for row in _gpu_rows({"gpu_smoke": workers}, smoke)}
+    rows = {row.name: row for row in gpu_rows({"gpu_smoke": workers}, smoke)}
     assert rows["gpu.compute_capability"].ok and rows["gpu.compute_capability"].found.startswith("1/2 GPU workers ok")
     assert "b: not checked, its GPUs stay taken by another job" in rows["gpu.vllm_generate"].found
-    taken = {row.name: row for row in _gpu_rows({"gpu_smoke": workers[1:]}, smoke)}
+    taken = {row.name: row for row in gpu_rows({"gpu_smoke": workers[1:]}, smoke)}
     assert all(not row.ok and row.advisory for row in taken.values()), "nothing checked: shown, not blocking"

@@ -20,7 +20,7 @@ from packaging.version import Version
 from envs.evalset import load as load_eval_set
 from envs.maze import Layout, solve
 from envs.skyrl_env import ENV_ID, register_maze_env
-from mazerl.training import skyrl_backend
+from mazerl.training import skyrl_schema
 from mazerl.training.config import TrainConfig
 from mazerl.training.skyrl_backend import (
     METRIC_ALIASES,
@@ -29,10 +29,9 @@ from mazerl.training.skyrl_backend import (
     add_metric_aliases,
     build_overrides,
     dataset_rows,
-    load_schema,
-    schema_problems,
     write_datasets,
 )
+from mazerl.training.skyrl_schema import load_schema, schema_problems
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = load_schema()
@@ -316,7 +315,7 @@ def test_every_alias_source_is_a_name_skyrl_logs():
 
 
 def test_schema_path_is_the_committed_snapshot():
-    assert skyrl_backend.SCHEMA_PATH.is_file() and SCHEMA["root"] == "skyrl.train.config.SkyRLTrainConfig"
+    assert skyrl_schema.SCHEMA_PATH.is_file() and SCHEMA["root"] == "skyrl.train.config.SkyRLTrainConfig"
 
 
 def test_mini_batches_map_to_skyrl_policy_mini_batch_size(tmp_path):

@@ -18,7 +18,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from mazerl.training.skyrl_backend import load_schema
+from mazerl.training.skyrl_schema import load_schema
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "deployments" / "docker" / "Dockerfile"

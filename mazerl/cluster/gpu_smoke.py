@@ -4,7 +4,8 @@ The image's wheels are not known to carry kernels for the cluster's GPUs (ml.g7e
 sm_120), and no upstream recipe runs LoRA on a VLM through SkyRL, so a wrong wheel would show only
 after the GPUs were taken. ``verify_cluster``'s probe job runs :func:`run_checks` once on each
 ALIVE GPU worker (a Ray task pinned to the node, asking for one GPU) and turns each check into a
-row across the workers; each failed row has its fix in :data:`~mazerl.cluster.fixes.CLUSTER_FIXES`.
+row across the workers (:func:`gpu_rows`); each failed row has its fix in
+:data:`~mazerl.cluster.fixes.CLUSTER_FIXES`.
 
 The checks, each only where the run needs it (:func:`smoke_for`):
 
@@ -30,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from mazerl.cluster.report import CheckRow
 
 CHECKS = ("compute_capability", "flash_attn", "vllm_generate", "lora_adapter")
 TIMEOUT_S = 900.0  # vLLM loads an 8B model from the shared mount on every GPU worker at once
@@ -79,6 +82,47 @@ def smoke_for(
     if not checks:
         return None
     return GpuSmoke(tuple(checks), base_model=base_model, lora_rank=lora_rank, lora_targets=tuple(lora_targets))
+
+
+GPU_EXPECTED = {
+    "compute_capability": "the GPU's architecture is one the image's torch was built for",
+    "flash_attn": "one flash_attn_func call matches torch's attention",
+    "vllm_generate": "vLLM loads the base model and generates a token",
+    "lora_adapter": "vLLM generates through a LoRA adapter of the run's rank and target modules",
+}
+
+
+def gpu_rows(probe: dict, smoke: GpuSmoke) -> list[CheckRow]:
+    """``verify_cluster``'s ``gpu.*`` rows: one per check, across the GPU workers (each ran a smoke actor)."""
+    workers = probe.get("gpu_smoke") or []
+    rows = []
+    for check in smoke.checks:
+        expected = f"on each GPU worker: {GPU_EXPECTED[check]}"
+        if not workers:
+            rows.append(CheckRow(f"gpu.{check}", expected, "no GPU worker to try it on", False))
+            continue
+        failed, passed, unchecked = [], [], []
+        for worker in workers:
+            if not worker["checked"]:
+                unchecked.append(f"{worker['node']}: not checked, its GPUs stay taken by another job")
+                continue
+            result = (worker.get("checks") or {}).get(check)
+            if result is None:
+                failed.append(f"{worker['node']}: {worker.get('error') or 'the check did not run'}")
+            else:
+                (passed if result["ok"] else failed).append(
+                    f"{worker['node']} GPU {','.join(worker.get('gpu_ids', []))}: {result['found']}"
+                )
+        found = "; ".join(failed + passed + unchecked)
+        if failed:
+            rows.append(CheckRow(f"gpu.{check}", expected, f"{len(failed)} of {len(workers)} failed: {found}", False))
+        elif not passed:
+            rows.append(CheckRow(f"gpu.{check}", expected, found, False, advisory=True))
+        else:
+            rows.append(
+                CheckRow(f"gpu.{check}", expected, f"{len(passed)}/{len(workers)} GPU workers ok: {found}", True)
+            )
+    return rows
 
 
 def _first_line(exc: BaseException) -> str:

@@ -30,6 +30,7 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -170,19 +171,7 @@ def run_probe(request: dict[str, Any]) -> dict[str, Any]:
 
     started = time.monotonic()
     ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
-    nodes = [
-        {
-            "node_id": n["NodeID"],
-            "address": n["NodeManagerAddress"],
-            "alive": bool(n["Alive"]),
-            "gpus": float(n.get("Resources", {}).get("GPU", 0)),
-            "cpus": float(n.get("Resources", {}).get("CPU", 0)),
-            "memory_bytes": float(n.get("Resources", {}).get("memory", 0)),  # what Ray schedules against
-            "labels": dict(n.get("Labels") or {}),
-            "is_head": "node:__internal_head__" in n.get("Resources", {}),
-        }
-        for n in ray.nodes()
-    ]
+    nodes = [_node_entry(n) for n in ray.nodes()]
     alive = [n for n in nodes if n["alive"]]
     result: dict[str, Any] = {"ray_version": ray.__version__, "python": sys.version.split()[0], "nodes": nodes}
 
@@ -206,19 +195,7 @@ def run_probe(request: dict[str, Any]) -> dict[str, Any]:
 
     data_root = request.get("data_root")
     if data_root:
-        token = uuid.uuid4().hex[:12]
-        writes = gather([pinned(write_probe, n["node_id"]).remote(data_root, token, n["node_id"]) for n in alive])
-        reads = gather(
-            [
-                pinned(read_probe, alive[(i + 1) % len(alive)]["node_id"]).remote(data_root, token, n["node_id"])
-                for i, n in enumerate(alive)
-            ]
-        )
-        gather([pinned(remove_probe, n["node_id"]).remote(data_root, token) for n in alive])
-        result["storage"] = [
-            {"writer": node_name(n), "reader": node_name(alive[(i + 1) % len(alive)]), "write": w, "read": r}
-            for i, (n, w, r) in enumerate(zip(alive, writes, reads, strict=True))
-        ]
+        result["storage"] = _storage_round(pinned, gather, data_root, alive)
 
     model_dir = request.get("base_model")
     if model_dir and alive:
@@ -233,6 +210,40 @@ def run_probe(request: dict[str, Any]) -> dict[str, Any]:
 
     result["seconds"] = round(time.monotonic() - started, 2)
     return result
+
+
+def _node_entry(node: dict[str, Any]) -> dict[str, Any]:
+    """One node of ``ray.nodes()`` as the report rows read it (plain JSON: it travels in the job's log)."""
+    return {
+        "node_id": node["NodeID"],
+        "address": node["NodeManagerAddress"],
+        "alive": bool(node["Alive"]),
+        "gpus": float(node.get("Resources", {}).get("GPU", 0)),
+        "cpus": float(node.get("Resources", {}).get("CPU", 0)),
+        "memory_bytes": float(node.get("Resources", {}).get("memory", 0)),  # what Ray schedules against
+        "labels": dict(node.get("Labels") or {}),
+        "is_head": "node:__internal_head__" in node.get("Resources", {}),
+    }
+
+
+def _storage_round(
+    pinned: Callable[[Callable, str], Any], gather: Callable[[list], list], data_root: str, alive: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each alive node writes a probe file that the next one reads back, then the files go: a mount that is
+    missing or node-local anywhere shows up as a failed read. ``pinned``/``gather``: run_probe's task helpers."""
+    token = uuid.uuid4().hex[:12]
+    writes = gather([pinned(write_probe, n["node_id"]).remote(data_root, token, n["node_id"]) for n in alive])
+    reads = gather(
+        [
+            pinned(read_probe, alive[(i + 1) % len(alive)]["node_id"]).remote(data_root, token, n["node_id"])
+            for i, n in enumerate(alive)
+        ]
+    )
+    gather([pinned(remove_probe, n["node_id"]).remote(data_root, token) for n in alive])
+    return [
+        {"writer": node_name(n), "reader": node_name(alive[(i + 1) % len(alive)]), "write": w, "read": r}
+        for i, (n, w, r) in enumerate(zip(alive, writes, reads, strict=True))
+    ]
 
 
 class GpuWorkerSmoke:

@@ -319,6 +319,48 @@ def _start(
         dashboard_port = DEFAULT_DASHBOARD_PORT if port_free(DEFAULT_DASHBOARD_PORT) else spare
     elif dashboard_port == 0:
         dashboard_port = spare
+    ports = (gcs_port, dashboard_port, client_port, metrics_port, agent_port)
+    command = _head_command(temp, node_ip, ports, num_cpus, num_gpus, object_store_mb, memory_mb)
+    env = head_env(token_path, extra_env)
+    log_path = temp / HEAD_LOG_NAME
+    address = f"http://{node_ip}:{dashboard_port}"
+    log.info("starting a local Ray head at %s (temp dir %s, %d CPUs)", address, temp, num_cpus)
+    with open(log_path, "w") as log_file:
+        process = subprocess.Popen(
+            command,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    headers = {"Authorization": f"Bearer {token_path.read_text().strip()}"}
+    _wait_until_answering(process, address, headers, timeout_s, log_path)
+    head = LocalRayHead(
+        address=address,
+        gcs_address=f"{node_ip}:{gcs_port}",
+        temp_dir=temp,
+        pid=process.pid,
+        metrics_export_port=metrics_port,
+        ray_version=version("ray"),  # not ray.__version__: importing ray would fix its settings too early
+        started_here=True,
+        managed=managed,
+    )
+    _write_registry(head)
+    return head
+
+
+def _head_command(
+    temp: Path,
+    node_ip: str,
+    ports: tuple[int, int, int, int, int],
+    num_cpus: int,
+    num_gpus: int | None,
+    object_store_mb: int,
+    memory_mb: int | None,
+) -> list[str]:
+    """``ray start --head --block`` with every address, port and resource set: nothing left to Ray's defaults."""
+    gcs_port, dashboard_port, client_port, metrics_port, agent_port = ports
     command = [
         sys.executable,
         "-m",
@@ -344,20 +386,13 @@ def _start(
     if memory_mb is None:  # Ray would offer ~70% of RAM to tasks; leave the laptop half of it
         memory_mb = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 / 2)
     command.append(f"--memory={memory_mb * 1024 * 1024}")
-    env = head_env(token_path, extra_env)
-    log_path = temp / HEAD_LOG_NAME
-    address = f"http://{node_ip}:{dashboard_port}"
-    log.info("starting a local Ray head at %s (temp dir %s, %d CPUs)", address, temp, num_cpus)
-    with open(log_path, "w") as log_file:
-        process = subprocess.Popen(
-            command,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    headers = {"Authorization": f"Bearer {token_path.read_text().strip()}"}
+    return command
+
+
+def _wait_until_answering(
+    process: subprocess.Popen, address: str, headers: dict[str, str], timeout_s: float, log_path: Path
+) -> None:
+    """Block until the head's job API answers; a head that exits or stays silent is an error naming its log."""
     deadline = time.monotonic() + timeout_s
     while not _answers(address, headers, path="/api/jobs/"):
         if process.poll() is not None:
@@ -372,18 +407,6 @@ def _start(
                 f"last lines of {log_path}:\n{_tail(log_path)}"
             )
         time.sleep(0.25)
-    head = LocalRayHead(
-        address=address,
-        gcs_address=f"{node_ip}:{gcs_port}",
-        temp_dir=temp,
-        pid=process.pid,
-        metrics_export_port=metrics_port,
-        ray_version=version("ray"),  # not ray.__version__: importing ray would fix its settings too early
-        started_here=True,
-        managed=managed,
-    )
-    _write_registry(head)
-    return head
 
 
 def _write_registry(head: LocalRayHead) -> None:

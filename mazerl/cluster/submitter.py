@@ -94,6 +94,23 @@ SESSION_MIN_S = 10.0  # a session refused sooner than this after renewal was not
 LogFn = Callable[[str], None]
 
 
+def _check_arguments(
+    entrypoint: str, hang_timeout_s: float | None, progress_probe: object, poll_s: float, unreachable_grace_s: float
+) -> None:
+    """RayJob's arguments that make no sense, refused before any address is parsed or client built."""
+    if not isinstance(entrypoint, str) or not entrypoint.strip():
+        raise ConfigError("entrypoint is empty: give the command the job runs, e.g. python -m <module> --config <file>")
+    if hang_timeout_s is not None and not hang_timeout_s > 0:
+        raise ConfigError(f"hang_timeout_s ({hang_timeout_s}) must be > 0 seconds, or None to disable the watchdog")
+    if hang_timeout_s is not None and progress_probe is None:
+        raise ConfigError(
+            f"hang_timeout_s ({hang_timeout_s:g}) needs a progress_probe to watch, e.g. "
+            "mazerl.training.progress.TrainingProgress() for a training job, or hang_timeout_s=None"
+        )
+    if not poll_s > 0 or unreachable_grace_s < 0:
+        raise ConfigError(f"poll_s ({poll_s}) must be > 0 and unreachable_grace_s ({unreachable_grace_s}) >= 0")
+
+
 # --- the job ------------------------------------------------------------------------------
 
 
@@ -130,19 +147,7 @@ class RayJob:
         keep_running_on: Callable[[BaseException], str | None] | None = None,
         before_submit: Callable[[], None] | None = None,
     ):
-        if not isinstance(entrypoint, str) or not entrypoint.strip():
-            raise ConfigError(
-                "entrypoint is empty: give the command the job runs, e.g. python -m <module> --config <file>"
-            )
-        if hang_timeout_s is not None and not hang_timeout_s > 0:
-            raise ConfigError(f"hang_timeout_s ({hang_timeout_s}) must be > 0 seconds, or None to disable the watchdog")
-        if hang_timeout_s is not None and progress_probe is None:
-            raise ConfigError(
-                f"hang_timeout_s ({hang_timeout_s:g}) needs a progress_probe to watch, e.g. "
-                "mazerl.training.progress.TrainingProgress() for a training job, or hang_timeout_s=None"
-            )
-        if not poll_s > 0 or unreachable_grace_s < 0:
-            raise ConfigError(f"poll_s ({poll_s}) must be > 0 and unreachable_grace_s ({unreachable_grace_s}) >= 0")
+        _check_arguments(entrypoint, hang_timeout_s, progress_probe, poll_s, unreachable_grace_s)
         parsed = parse_address(address)
         self.address = parsed.value
         self._renews_sessions = parsed.is_sagemaker  # its session cookie expires; a new client gets a new one

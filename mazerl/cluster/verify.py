@@ -24,7 +24,8 @@ The checks:
   passes ``merge_memory``, the merge's own rule for its need, :func:`mazerl.merge.memory.merge_memory`).
 - ``gpu.*`` when a :class:`~mazerl.cluster.gpu_smoke.GpuSmoke` is given (the run uses GPUs): on
   every GPU worker, the compute capability against the image's torch, a flash-attn call, a
-  one-token vLLM generate, a LoRA adapter through vLLM, as the run needs them.
+  one-token vLLM generate, a LoRA adapter through vLLM, as the run needs them (the rows:
+  :func:`~mazerl.cluster.gpu_smoke.gpu_rows`).
 - ``inputs.eval_set``: the eval set loads and its digest verifies (here, in this process).
 - ``hyperpod.*`` when a HyperPod cluster name is given (:mod:`mazerl.cluster.hyperpod`);
   advisory (shown, never blocking) when the SageMaker API cannot be asked from here: no IAM
@@ -46,7 +47,7 @@ from typing import Any, Literal, Protocol
 from envs import evalset
 from mazerl.cluster.client import job_client, parse_address
 from mazerl.cluster.errors import ConfigError, RetryableJobError
-from mazerl.cluster.gpu_smoke import GPU_FREE_WAIT_S, GpuSmoke
+from mazerl.cluster.gpu_smoke import GPU_FREE_WAIT_S, GpuSmoke, gpu_rows
 from mazerl.cluster.hyperpod import hyperpod_rows
 from mazerl.cluster.job_spec import TERMINAL, runtime_env_for
 from mazerl.cluster.probe import RESULT_PREFIX, node_name
@@ -99,6 +100,42 @@ def verify_cluster(
     merge's memory need for the base model's weight bytes as the probe found them (its task passes
     :func:`mazerl.merge.memory.merge_memory`); None leaves out the ``ray.merge_memory`` row.
     """
+    _check_arguments(data_root, required_nodes, required_gpus, gpus_per_node, eval_workers, eval_gpus_per_worker)
+    started = time.monotonic()
+    parsed = parse_address(address)
+    say = log or (lambda _line: None)
+    rows: list[CheckRow] = []
+
+    probe = _probe(parsed.value, headers, runtime_env, data_root, base_model, gpu_smoke, timeout_s, say, rows)
+    if probe is not None:
+        rows.extend(
+            _ray_rows(probe, required_nodes, required_gpus, gpus_per_node)
+            + _eval_rows(probe, eval_workers, eval_gpus_per_worker)
+            + _storage_rows(probe, str(data_root), required_free_bytes, footprint)
+            + _model_rows(probe)
+            + (_merge_rows(probe, merge_memory) if merge_memory is not None else [])
+            + (gpu_rows(probe, gpu_smoke) if gpu_smoke is not None else [])
+        )
+    if eval_set:
+        rows.append(_eval_set_row(eval_set))
+    if hyperpod_cluster:
+        rows.extend(hyperpod_rows(hyperpod_cluster, hyperpod_region, sagemaker_client))
+    report = ClusterReport(address=parsed.value, rows=tuple(rows), seconds=round(time.monotonic() - started, 2))
+    say(
+        f"verify_cluster: {'ready' if report.ok else 'NOT ready'} ({len(report.failures)} of {len(rows)} checks failed)"
+    )
+    return report
+
+
+def _check_arguments(
+    data_root: str,
+    required_nodes: int,
+    required_gpus: int,
+    gpus_per_node: int,
+    eval_workers: int,
+    eval_gpus_per_worker: float,
+) -> None:
+    """Arguments that make no sense raise ConfigError; a failed check never does (it becomes a row)."""
     for name, value in (
         ("required_nodes", required_nodes),
         ("required_gpus", required_gpus),
@@ -117,42 +154,35 @@ def verify_cluster(
         raise ConfigError(
             f"data_root ({data_root!r}) must be an absolute path as the cluster's nodes see it, e.g. /shared"
         )
-    started = time.monotonic()
-    parsed = parse_address(address)
-    say = log or (lambda _line: None)
-    rows: list[CheckRow] = []
-
-    client = _connect(parsed.value, headers, rows)
-    if client is not None:
-        env = runtime_env_for(parsed.value) if runtime_env == "auto" else runtime_env
-        request: dict[str, Any] = {"data_root": str(data_root), "base_model": str(base_model) if base_model else None}
-        if gpu_smoke is not None:
-            request["gpu_smoke"] = gpu_smoke.request() | {"gpu_free_wait_s": GPU_FREE_WAIT_S}
-            timeout_s += gpu_smoke.timeout_s + GPU_FREE_WAIT_S
-            say(f"verify_cluster: the GPU smoke row tries {', '.join(gpu_smoke.checks)} on every GPU worker")
-        say(f"verify_cluster: probing {parsed.value}")
-        probe = _run_probe(client, parsed.value, request, env, timeout_s, rows)
-        if probe is not None:
-            rows.extend(
-                _ray_rows(probe, required_nodes, required_gpus, gpus_per_node)
-                + _eval_rows(probe, eval_workers, eval_gpus_per_worker)
-                + _storage_rows(probe, str(data_root), required_free_bytes, footprint)
-                + _model_rows(probe)
-                + (_merge_rows(probe, merge_memory) if merge_memory is not None else [])
-                + (_gpu_rows(probe, gpu_smoke) if gpu_smoke is not None else [])
-            )
-    if eval_set:
-        rows.append(_eval_set_row(eval_set))
-    if hyperpod_cluster:
-        rows.extend(hyperpod_rows(hyperpod_cluster, hyperpod_region, sagemaker_client))
-    report = ClusterReport(address=parsed.value, rows=tuple(rows), seconds=round(time.monotonic() - started, 2))
-    say(
-        f"verify_cluster: {'ready' if report.ok else 'NOT ready'} ({len(report.failures)} of {len(rows)} checks failed)"
-    )
-    return report
 
 
 # --- Ray ----------------------------------------------------------------------------------
+
+
+def _probe(
+    address: str,
+    headers: dict[str, str] | None,
+    runtime_env: dict[str, Any] | None | Literal["auto"],
+    data_root: str,
+    base_model: str | None,
+    gpu_smoke: GpuSmoke | None,
+    timeout_s: float,
+    say: Callable[[str], None],
+    rows: list[CheckRow],
+) -> dict | None:
+    """Connect, then run the probe job, each adding its row; None when either failed, so the rows that
+    need the probe's findings are skipped instead of waiting on timeouts."""
+    client = _connect(address, headers, rows)
+    if client is None:
+        return None
+    env = runtime_env_for(address) if runtime_env == "auto" else runtime_env
+    request: dict[str, Any] = {"data_root": str(data_root), "base_model": str(base_model) if base_model else None}
+    if gpu_smoke is not None:
+        request["gpu_smoke"] = gpu_smoke.request() | {"gpu_free_wait_s": GPU_FREE_WAIT_S}
+        timeout_s += gpu_smoke.timeout_s + GPU_FREE_WAIT_S
+        say(f"verify_cluster: the GPU smoke row tries {', '.join(gpu_smoke.checks)} on every GPU worker")
+    say(f"verify_cluster: probing {address}")
+    return _run_probe(client, address, request, env, timeout_s, rows)
 
 
 def _connect(address: str, headers: dict[str, str] | None, rows: list[CheckRow]):
@@ -378,47 +408,6 @@ def _merge_rows(probe: dict, merge_memory: Callable[[int], MemoryNeed]) -> list[
     return [
         CheckRow("ray.merge_memory", f"a node with Ray memory >= {need.describe()} for merge_lora", found, bool(roomy))
     ]
-
-
-GPU_EXPECTED = {
-    "compute_capability": "the GPU's architecture is one the image's torch was built for",
-    "flash_attn": "one flash_attn_func call matches torch's attention",
-    "vllm_generate": "vLLM loads the base model and generates a token",
-    "lora_adapter": "vLLM generates through a LoRA adapter of the run's rank and target modules",
-}
-
-
-def _gpu_rows(probe: dict, smoke: GpuSmoke) -> list[CheckRow]:
-    """One row per check, across every GPU worker (the probe ran one smoke actor on each)."""
-    workers = probe.get("gpu_smoke") or []
-    rows = []
-    for check in smoke.checks:
-        expected = f"on each GPU worker: {GPU_EXPECTED[check]}"
-        if not workers:
-            rows.append(CheckRow(f"gpu.{check}", expected, "no GPU worker to try it on", False))
-            continue
-        failed, passed, unchecked = [], [], []
-        for worker in workers:
-            if not worker["checked"]:
-                unchecked.append(f"{worker['node']}: not checked, its GPUs stay taken by another job")
-                continue
-            result = (worker.get("checks") or {}).get(check)
-            if result is None:
-                failed.append(f"{worker['node']}: {worker.get('error') or 'the check did not run'}")
-            else:
-                (passed if result["ok"] else failed).append(
-                    f"{worker['node']} GPU {','.join(worker.get('gpu_ids', []))}: {result['found']}"
-                )
-        found = "; ".join(failed + passed + unchecked)
-        if failed:
-            rows.append(CheckRow(f"gpu.{check}", expected, f"{len(failed)} of {len(workers)} failed: {found}", False))
-        elif not passed:
-            rows.append(CheckRow(f"gpu.{check}", expected, found, False, advisory=True))
-        else:
-            rows.append(
-                CheckRow(f"gpu.{check}", expected, f"{len(passed)}/{len(workers)} GPU workers ok: {found}", True)
-            )
-    return rows
 
 
 def _eval_set_row(name: str) -> CheckRow:

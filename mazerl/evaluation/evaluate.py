@@ -20,6 +20,7 @@ listens on every interface and writes an 0644 token into ``~/.ray``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -159,16 +160,7 @@ def evaluate(
         adapter = check_adapter_dir(adapter)
     mazes = load_eval_set(settings.eval_set)
     count = len(mazes) if settings.max_eval_mazes is None else min(settings.max_eval_mazes, len(mazes))
-    history = default_history_images(model_dir) if settings.history_images is None else settings.history_images
-    text = default_history_text(model_dir) if settings.history_text is None else settings.history_text
-    check_context_mode(history, text)
-    recorded = recorded_context_mode(model_dir)
-    if recorded != ("all", "all") and recorded != (history, text):
-        log(
-            f"warning: evaluating {model_dir.name} with history_images={history!r}, history_text={text!r}, but it was "
-            f"trained with history_images={recorded[0]!r}, history_text={recorded[1]!r}: it sees contexts it was not "
-            "trained on"
-        )
+    history, text, recorded = _context_mode(model_dir, settings, log)
     out_dir = Path(out_dir).expanduser().resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     job = EvalJob(
@@ -180,11 +172,7 @@ def evaluate(
         device=device,
     )
     chunks = eval_chunks(count, settings.eval_workers, chunk_size)
-    gpus = worker_gpus(settings.eval_engine, settings.eval_gpus_per_worker)
-    if settings.eval_engine == "vllm" and gpus <= 0:
-        raise ValueError(
-            "eval_gpus_per_worker=0 with eval_engine='vllm': vLLM runs on GPUs only; give each worker 1 GPU"
-        )
+    gpus = _gpus_per_worker(settings)
     workers = min(settings.eval_workers, len(chunks))
     rows, gifs, rollout_seconds, placement = _run_on_ray(job, chunks, workers, gpus, ray_address, progress)
     rows.sort(key=lambda row: row["index"])
@@ -202,6 +190,34 @@ def evaluate(
     return EvalReport.from_summary(out_dir / SUMMARY_FILE)
 
 
+def _context_mode(
+    model_dir: Path, settings: EvalSettings, log: Callable[[str], None]
+) -> tuple[int | str, int | str, tuple[int | str, int | str]]:
+    """(history_images, history_text, the model's recorded mode): None settings take the recorded mode,
+    and a mode other than the one the model was trained in is said loudly."""
+    history = default_history_images(model_dir) if settings.history_images is None else settings.history_images
+    text = default_history_text(model_dir) if settings.history_text is None else settings.history_text
+    check_context_mode(history, text)
+    recorded = recorded_context_mode(model_dir)
+    if recorded != ("all", "all") and recorded != (history, text):
+        log(
+            f"warning: evaluating {model_dir.name} with history_images={history!r}, history_text={text!r}, but it was "
+            f"trained with history_images={recorded[0]!r}, history_text={recorded[1]!r}: it sees contexts it was not "
+            "trained on"
+        )
+    return history, text, recorded
+
+
+def _gpus_per_worker(settings: EvalSettings) -> float:
+    """The GPUs each eval worker asks Ray for (the engine's default when unset); vLLM cannot run on none."""
+    gpus = worker_gpus(settings.eval_engine, settings.eval_gpus_per_worker)
+    if settings.eval_engine == "vllm" and gpus <= 0:
+        raise ValueError(
+            "eval_gpus_per_worker=0 with eval_engine='vllm': vLLM runs on GPUs only; give each worker 1 GPU"
+        )
+    return gpus
+
+
 def _run_on_ray(
     job: EvalJob,
     chunks: list[list[int]],
@@ -210,67 +226,83 @@ def _run_on_ray(
     ray_address: str | None,
     progress: Callable[[int, int], None] | None,
 ) -> tuple[list[dict[str, Any]], dict[int, bytes], float, list[dict[str, Any]]]:
-    import contextlib
-
     import ray  # heavy: imported when an eval runs, not when the module is (tasks, CLIs)
 
-    started_here = not ray.is_initialized()
     stack = contextlib.ExitStack()
-    if started_here:
-        address = ray_address or os.environ.get("RAY_ADDRESS")
-        if address is not None:
-            ray.init(address=address, log_to_driver=False, logging_level="WARNING")  # no "Connecting to ..." lines
-        else:
-            head = stack.enter_context(local_ray_head(num_cpus=max(workers * job.threads, 2)))  # if it starts one
-            stack.enter_context(ray_driver(head))
-            cpus = int(ray.cluster_resources().get("CPU", 0))
-            if workers * job.threads > cpus:  # the actors would wait for CPUs forever
-                stack.close()
-                raise ValueError(
-                    f"workers={workers} x threads_per_worker={job.threads} need {workers * job.threads} CPUs but the "
-                    f"embedded Ray head at {head.address} has {cpus}; lower workers to {max(cpus // job.threads, 1)}"
-                )
+    started_here = _connect_driver(stack, workers, job.threads, ray_address)
     try:
         actor = ray.remote(num_cpus=job.threads, num_gpus=gpus)(EvalWorker)
         actors = [actor.remote(job) for _ in range(workers)]
         counter = ray.remote(num_cpus=0)(MazeCounter).remote() if progress is not None else None
         # Actors load the policy in their constructor; waiting for it keeps the rollout clock honest.
         placement = ray.get([a.placement.remote() for a in actors])
-        total = sum(len(chunk) for chunk in chunks)
         rollout_started = time.perf_counter()
-        rows: list[dict[str, Any]] = []
-        gifs: dict[int, bytes] = {}
-        shown = -1
-
-        def show(done: int) -> None:
-            nonlocal shown
-            if progress is not None and done > shown:
-                progress(done, total)
-                shown = done
-
-        show(0)
-        # Each worker takes the next chunk when it is free (ActorPool's schedule), while the driver
-        # reads the maze counter between results.
-        waiting, idle, running = list(chunks), list(actors), {}
-        while waiting or running:
-            while waiting and idle:
-                worker = idle.pop()
-                running[worker.run.remote(waiting.pop(0), counter)] = worker
-            ready, _ = ray.wait(list(running), num_returns=1, timeout=PROGRESS_POLL_S)
-            for ref in ready:
-                result = ray.get(ref)
-                idle.append(running.pop(ref))
-                rows += result.rows
-                gifs |= result.gifs
-            if counter is not None and running:
-                show(max(len(rows), min(ray.get(counter.value.remote()), total)))
-            else:
-                show(len(rows))
+        rows, gifs = _play_chunks(chunks, actors, counter, progress)
         return rows, gifs, time.perf_counter() - rollout_started, placement
     finally:
         if started_here:
             ray.shutdown()
         stack.close()
+
+
+def _connect_driver(stack: contextlib.ExitStack, workers: int, threads: int, ray_address: str | None) -> bool:
+    """Make this process a Ray driver unless it is one already: of ``ray_address`` (or ``RAY_ADDRESS``), else of
+    the embedded loopback-only head, started if none runs (never a bare ``ray.init()``). True: connected here."""
+    import ray  # heavy: imported when an eval runs, not when the module is (tasks, CLIs)
+
+    started_here = not ray.is_initialized()
+    if started_here:
+        address = ray_address or os.environ.get("RAY_ADDRESS")
+        if address is not None:
+            ray.init(address=address, log_to_driver=False, logging_level="WARNING")  # no "Connecting to ..." lines
+        else:
+            head = stack.enter_context(local_ray_head(num_cpus=max(workers * threads, 2)))  # if it starts one
+            stack.enter_context(ray_driver(head))
+            cpus = int(ray.cluster_resources().get("CPU", 0))
+            if workers * threads > cpus:  # the actors would wait for CPUs forever
+                stack.close()
+                raise ValueError(
+                    f"workers={workers} x threads_per_worker={threads} need {workers * threads} CPUs but the "
+                    f"embedded Ray head at {head.address} has {cpus}; lower workers to {max(cpus // threads, 1)}"
+                )
+    return started_here
+
+
+def _play_chunks(
+    chunks: list[list[int]], actors: list[Any], counter: Any, progress: Callable[[int, int], None] | None
+) -> tuple[list[dict[str, Any]], dict[int, bytes]]:
+    """Each worker takes the next chunk when it is free (ActorPool's schedule), while the driver reads the
+    maze counter between results to call ``progress``."""
+    import ray  # heavy: imported when an eval runs, not when the module is (tasks, CLIs)
+
+    total = sum(len(chunk) for chunk in chunks)
+    rows: list[dict[str, Any]] = []
+    gifs: dict[int, bytes] = {}
+    shown = -1
+
+    def show(done: int) -> None:
+        nonlocal shown
+        if progress is not None and done > shown:
+            progress(done, total)
+            shown = done
+
+    show(0)
+    waiting, idle, running = list(chunks), list(actors), {}
+    while waiting or running:
+        while waiting and idle:
+            worker = idle.pop()
+            running[worker.run.remote(waiting.pop(0), counter)] = worker
+        ready, _ = ray.wait(list(running), num_returns=1, timeout=PROGRESS_POLL_S)
+        for ref in ready:
+            result = ray.get(ref)
+            idle.append(running.pop(ref))
+            rows += result.rows
+            gifs |= result.gifs
+        if counter is not None and running:
+            show(max(len(rows), min(ray.get(counter.value.remote()), total)))
+        else:
+            show(len(rows))
+    return rows, gifs
 
 
 def _write_gifs(out_dir: Path, rows: list[dict[str, Any]], gifs: dict[int, bytes], gif_count: int) -> list[Path]:

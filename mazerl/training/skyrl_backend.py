@@ -8,8 +8,8 @@ Three translations live here, each one function:
 
 * :func:`build_overrides` maps our config onto SkyRL's dotted field names. Every name is
   checked in CI against a snapshot of the real ``SkyRLTrainConfig`` of the pinned release
-  (``skyrl_schema.json``, written by ``scripts/skyrl_schema_snapshot.py``), so a field that
-  SkyRL renames fails CI instead of a GPU job.
+  (``skyrl_schema.json``, written by ``scripts/skyrl_schema_snapshot.py``, read by
+  :mod:`mazerl.training.skyrl_schema`), so a field that SkyRL renames fails CI instead of a GPU job.
 * :func:`dataset_rows` writes the "tickets" SkyRL's ``PromptDataset`` reads: one row per maze;
   every column but ``prompt``/``env_class`` reaches our env as ``extras``. SkyRL repeats each
   row ``n_samples_per_prompt`` times, so all samples of a GRPO group play the same maze.
@@ -39,7 +39,6 @@ from envs.skyrl_env import ENV_ID
 from mazerl.atomic import temporary_sibling, write_text
 from mazerl.training.config import TrainConfig
 
-SCHEMA_PATH = Path(__file__).with_name("skyrl_schema.json")
 TRAIN_DATA_SOURCE = "maze2d-train"
 # The ticket's prompt, as in SkyRL's VisGym example (examples/train/visgym/dataset.py): SkyRL's
 # PromptDataset tokenizes it for its max_prompt_length filter and the VLM generator hands it to
@@ -61,16 +60,6 @@ METRIC_ALIASES: dict[str, str] = {
     "train/clip_fraction": "policy/loss_metrics/clip_ratio",
     "train/step_seconds": "timing/step",
     "eval/success_rate": "eval/all/environment/solved",
-}
-
-# Overrides whose value type differs from the annotation SkyRL declares, with the reason the
-# real config accepts it. CI's schema check allows exactly these and nothing else.
-TYPE_EXCEPTIONS: dict[str, tuple[str, str]] = {
-    "trainer.policy.model.lora.target_modules": (
-        "array",
-        "annotated `str` but documented as 'all-linear' or a list of module names; the list reaches "
-        "peft.LoraConfig(target_modules=...) unchanged (a comma-joined string would be read as a regex)",
-    ),
 }
 
 
@@ -133,9 +122,15 @@ SKYRL_SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cos
 
 def check_supported(config: TrainConfig) -> None:
     """Refuse settings SkyRL cannot honour, before any file is written or GPU is requested."""
-    s = config.skyrl
     if config.backend != "skyrl":
         raise SkyrlConfigError(f"backend is {config.backend!r}; the SkyRL entry runs only configs with backend: skyrl")
+    _check_generation(config)
+    _check_adapter(config)
+    _check_sizes(config)
+
+
+def _check_generation(config: TrainConfig) -> None:
+    """Refuse what SkyRL's generator, GRPO and scheduler do otherwise than the local engine (context, credit, rate)."""
     if config.history_images != "all":
         raise SkyrlConfigError(
             f"history_images ({config.history_images!r}) is not supported by the SkyRL backend: its VLM "
@@ -162,6 +157,10 @@ def check_supported(config: TrainConfig) -> None:
             "in all, so the rate would reach 0 early; set grpo.update_epochs: 1 and leave mini_batch_mazes unset, "
             "or lr_schedule: constant"
         )
+
+
+def _check_adapter(config: TrainConfig) -> None:
+    """Refuse LoRA settings SkyRL cannot train or vLLM cannot serve (they would fail after the GPUs were taken)."""
     if not config.freeze_vision:
         raise SkyrlConfigError(
             "freeze_vision (False) is not supported by the SkyRL backend: it trains LoRA adapters on "
@@ -183,6 +182,11 @@ def check_supported(config: TrainConfig) -> None:
             f"lora.alpha ({config.lora.alpha}) must be a whole number for the SkyRL backend "
             "(SkyRL's trainer.policy.model.lora.alpha is an int); e.g. 64"
         )
+
+
+def _check_sizes(config: TrainConfig) -> None:
+    """Refuse batch sizes that do not split evenly over the GPUs, and token budgets too small for a conversation."""
+    s = config.skyrl
     if config.mazes_per_step > config.train_pool_size:
         raise SkyrlConfigError(
             f"mazes_per_step ({config.mazes_per_step}) exceeds train_pool_size ({config.train_pool_size}): "
@@ -232,6 +236,11 @@ def placement_bundles(config: TrainConfig) -> tuple[list[dict[str, float]], str]
 def build_overrides(config: TrainConfig) -> dict[str, Any]:
     """Our TrainConfig as ``{dotted SkyRL field: value}`` for ``SkyRLTrainConfig.from_cli_overrides``."""
     check_supported(config)
+    return {**_policy_overrides(config), **_generator_overrides(config), **_run_overrides(config)}
+
+
+def _policy_overrides(config: TrainConfig) -> dict[str, Any]:
+    """What the trainer learns from and how: data, model and adapter, GRPO, batches and optimizer."""
     s, grpo, files = config.skyrl, config.grpo, run_files(config)
     epochs = math.ceil(config.steps / steps_per_epoch(config))
     use_kl = grpo.kl_coef > 0
@@ -275,6 +284,13 @@ def build_overrides(config: TrainConfig) -> dict[str, Any]:
         "trainer.policy.optimizer_config.max_grad_norm": config.max_grad_norm,
         "trainer.max_prompt_length": s.max_prompt_length,
         "trainer.remove_microbatch_padding": False,
+    }
+
+
+def _generator_overrides(config: TrainConfig) -> dict[str, Any]:
+    """How rollouts are sampled, and where the FSDP policy and the vLLM engines run."""
+    s, grpo = config.skyrl, config.grpo
+    return {
         # rollouts
         "generator.n_samples_per_prompt": config.group_size,
         "generator.max_turns": config.max_turns,
@@ -300,6 +316,13 @@ def build_overrides(config: TrainConfig) -> dict[str, Any]:
         "generator.inference_engine.gpu_memory_utilization": s.gpu_memory_utilization,
         "generator.inference_engine.enable_prefix_caching": True,
         "generator.inference_engine.engine_init_kwargs.max_model_len": s.max_model_len,
+    }
+
+
+def _run_overrides(config: TrainConfig) -> dict[str, Any]:
+    """Where the run keeps its checkpoints, exports and logs, when it evaluates, and how it is tracked."""
+    files = run_files(config)
+    return {
         # checkpoints (design section 2: <run dir>/checkpoints, marker written last by SkyRL)
         "trainer.ckpt_path": str(config.checkpoint_dir),
         "trainer.ckpt_interval": config.checkpoint_interval,
@@ -390,61 +413,3 @@ def add_metric_aliases(metrics: Mapping[str, Any]) -> dict[str, Any]:
         if theirs in metrics:
             out[ours] = metrics[theirs]
     return out
-
-
-# --- the schema snapshot check (CI: every override names a real field of the pinned release) ---
-
-
-def load_schema(path: Path = SCHEMA_PATH) -> dict[str, Any]:
-    return json.loads(Path(path).read_text())
-
-
-def value_kind(value: Any) -> str:
-    """The JSON-ish kind of a value, as the snapshot's ``accepts`` lists use them."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list | tuple):
-        return "array"
-    if isinstance(value, Mapping):
-        return "object"
-    return type(value).__name__
-
-
-def schema_problems(overrides: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str]:
-    """Every override whose name is not a field of the snapshot, or whose value kind the field refuses.
-
-    A name inside a free-form dict field (e.g. ``...engine_init_kwargs.max_model_len``) is
-    accepted when its nearest parent is an ``object`` field.
-    """
-    fields: Mapping[str, Any] = schema["fields"]
-    problems = []
-    for name, value in overrides.items():
-        kind = value_kind(value)
-        field = fields.get(name)
-        if field is None:
-            parent = name.rpartition(".")[0]
-            while parent and parent not in fields:
-                parent = parent.rpartition(".")[0]
-            if parent and fields[parent].get("node") != "dataclass" and "object" in fields[parent]["accepts"]:
-                continue
-            problems.append(f"{name}: no such field in SkyRL {schema['skyrl_version']}")
-            continue
-        if field.get("node") == "dataclass":
-            problems.append(f"{name}: is a config section, not a value")
-            continue
-        accepts = set(field["accepts"])
-        if "any" in accepts or kind in accepts or (kind == "int" and "float" in accepts):
-            continue
-        exception = TYPE_EXCEPTIONS.get(name)
-        if exception and exception[0] == kind:
-            continue
-        problems.append(f"{name}: value {value!r} ({kind}) but SkyRL declares {field['type']}")
-    return problems
