@@ -95,16 +95,6 @@ class EvalReport:
         )
 
 
-def default_history_images(model_dir: Path) -> int | str:
-    """How the model expects its context: the starter records it; other models get every frame (the reference)."""
-    return recorded_context_mode(model_dir)[0]
-
-
-def default_history_text(model_dir: Path) -> int | str:
-    """How much past text the model expects: the starter records it; other models get all of it (the reference)."""
-    return recorded_context_mode(model_dir)[1]
-
-
 def chunk_size_for(mazes: int, workers: int) -> int:
     """Mazes per chunk so that every worker gets one: ceil(mazes / workers), at most :data:`MAX_CHUNK`."""
     if mazes < 1 or workers < 1:
@@ -195,10 +185,10 @@ def _context_mode(
 ) -> tuple[int | str, int | str, tuple[int | str, int | str]]:
     """(history_images, history_text, the model's recorded mode): None settings take the recorded mode,
     and a mode other than the one the model was trained in is said loudly."""
-    history = default_history_images(model_dir) if settings.history_images is None else settings.history_images
-    text = default_history_text(model_dir) if settings.history_text is None else settings.history_text
+    recorded = recorded_context_mode(model_dir)  # the starter's record; other models: every frame and line
+    history = recorded[0] if settings.history_images is None else settings.history_images
+    text = recorded[1] if settings.history_text is None else settings.history_text
     check_context_mode(history, text)
-    recorded = recorded_context_mode(model_dir)
     if recorded != ("all", "all") and recorded != (history, text):
         log(
             f"warning: evaluating {model_dir.name} with history_images={history!r}, history_text={text!r}, but it was "
