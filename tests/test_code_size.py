@@ -1,20 +1,16 @@
 """The size rules of the library code: no module over 450 lines, no function over 60.
 
 A function is counted from its ``def`` line to its last line, docstring included (nested
-functions count on their own and inside their parent). ``STILL_LONG`` names what is over the
-limit today; it may only shrink: a new long function, or a listed one that grew, fails.
+functions count on their own and inside their parent).
 """
 
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("mazerl", "tasks", "flows", "cli", "envs")
 MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 60
-STILL_LONG = {"mazerl/training/local_trainer.py:_update": 64}  # the GRPO update: split with its numerics checked
 
 
 def sources() -> list[Path]:
@@ -26,7 +22,7 @@ def test_no_library_module_is_over_450_lines():
     assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}; split them by the concepts they hold"
 
 
-def test_no_function_is_over_60_lines_but_the_listed_ones_which_may_only_shrink():
+def test_no_function_is_over_60_lines():
     long = {}
     for path in sources():
         for node in ast.walk(ast.parse(path.read_text())):
@@ -34,12 +30,4 @@ def test_no_function_is_over_60_lines_but_the_listed_ones_which_may_only_shrink(
                 lines = node.end_lineno - node.lineno + 1
                 if lines > MAX_FUNCTION_LINES:
                     long[f"{path.relative_to(ROOT)}:{node.name}"] = lines
-    grown = {name: n for name, n in long.items() if n > STILL_LONG.get(name, MAX_FUNCTION_LINES)}
-    assert not grown, f"functions over {MAX_FUNCTION_LINES} lines: {grown}; split them along their steps"
-
-
-@pytest.mark.parametrize("name", sorted(STILL_LONG))
-def test_the_listed_long_functions_still_exist(name):
-    path, function = name.split(":")
-    names = {n.name for n in ast.walk(ast.parse((ROOT / path).read_text())) if isinstance(n, ast.FunctionDef)}
-    assert function in names, f"{name} is gone: remove it from STILL_LONG"
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}; split them along their steps"

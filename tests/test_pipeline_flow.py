@@ -57,6 +57,8 @@ def stage_runs(tracking_uri, parent_run_id):
 @pytest.fixture(scope="module")
 def full_run(prefect_api, local_ray_head, starter_model_dir, _mlflow_template_db, tmp_path_factory):
     """One miniature pipeline run for the module: (data root, summary). The browser test reads its store."""
+    from prefect.logging.handlers import APILogWorker
+
     from flows.pipeline import pipeline
 
     root = tmp_path_factory.mktemp("full-run") / "mazerl-home"
@@ -68,6 +70,9 @@ def full_run(prefect_api, local_ray_head, starter_model_dir, _mlflow_template_db
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RAY_AUTH_TOKEN_PATH", str(local_ray_head.token_path))
         summary = pipeline(mini_params(root, starter_model_dir, local_ray_head.address, training=training))
+    # Prefect sends log records in background batches (every 2 s) and a flow run's end does not wait
+    # for them: without the drain, a test reading the logs at once can miss the last stage's lines.
+    APILogWorker.drain_all(timeout=60)
     return root, summary
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
+    from mazerl.training.config import GrpoConfig
     from mazerl.training.scoring import TurnSample
 
 ADVANTAGE_EPSILON = 1e-6
@@ -121,6 +122,33 @@ LOSS_REDUCTIONS = {
     "token_mean": (reduce_token_mean, count_tokens),
     "sequence_mean": (reduce_sequence_mean, count_sequences),
 }
+
+
+def micro_batch_loss(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    ref_log_probs: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    grpo: GrpoConfig,
+    total: int,
+) -> tuple[torch.Tensor, float, float]:
+    """One micro-batch's share of the mini-batch loss: (loss to backpropagate, clipped tokens, KL sum).
+
+    Each sample's own clipped surrogate with its own advantage (B,) (never summed advantages),
+    plus ``kl_coef`` times the k3 KL against the reference when ``kl_coef > 0``, reduced by
+    ``loss_reduction`` over ``total`` (the whole mini-batch's normaliser, see :data:`LOSS_REDUCTIONS`).
+    """
+    per_token, was_clipped = clipped_surrogate(
+        log_probs, old_log_probs, advantages.unsqueeze(1), grpo.clip_low, grpo.clip_high
+    )
+    kl_sum = 0.0
+    if grpo.kl_coef > 0:
+        kl = k3_kl(log_probs, ref_log_probs)
+        per_token = per_token + grpo.kl_coef * kl
+        kl_sum = float((kl.detach() * mask).sum())
+    reduce, _ = LOSS_REDUCTIONS[grpo.loss_reduction]
+    return reduce(per_token, mask, total), float((was_clipped * mask).sum()), kl_sum
 
 
 def mini_batches(samples: list[TurnSample], mazes_per_batch: int | None) -> list[list[TurnSample]]:

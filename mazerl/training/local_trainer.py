@@ -61,9 +61,8 @@ from mazerl.training.config import TrainConfig, TrainingConfigError, record_conf
 from mazerl.training.data import epoch_of_step, step_indices
 from mazerl.training.grpo import (
     LOSS_REDUCTIONS,
-    clipped_surrogate,
     group_advantages,
-    k3_kl,
+    micro_batch_loss,
     mini_batches,
     turn_advantages,
 )
@@ -277,7 +276,7 @@ class LocalGRPOTrainer:
 
     def _update(self, samples: list[TurnSample]) -> dict[str, float]:
         grpo = self.config.grpo
-        reduce, normaliser = LOSS_REDUCTIONS[grpo.loss_reduction]
+        _, normaliser = LOSS_REDUCTIONS[grpo.loss_reduction]
         scorer = self.scorer_class(self.model, self.processor, self.device, grpo.temperature)
         self.last_scorer = scorer
         # Mini-batches of whole GRPO groups (SkyRL's policy_mini_batch_size): one optimizer step
@@ -312,18 +311,14 @@ class LocalGRPOTrainer:
                     advantages = torch.tensor([group[i].advantage for i in chunk.samples], device=self.device)
                     if len(old[mini]) <= index:
                         old[mini].append(log_probs.detach())
-                    # Each sample's own clipped surrogate, with its own advantage (not summed advantages).
-                    per_token, was_clipped = clipped_surrogate(
-                        log_probs, old[mini][index], advantages.unsqueeze(1), grpo.clip_low, grpo.clip_high
+                    reference = ref[mini][index] if grpo.kl_coef > 0 else None
+                    loss, clipped, kl = micro_batch_loss(
+                        log_probs, old[mini][index], reference, advantages, mask, grpo, total
                     )
-                    if grpo.kl_coef > 0:
-                        kl = k3_kl(log_probs, ref[mini][index])
-                        per_token = per_token + grpo.kl_coef * kl
-                        kl_sum += float((kl * mask).sum())
-                    loss = reduce(per_token, mask, total)
                     loss.backward()
                     epoch_loss += loss.item() / len(minis)
-                    clipped_tokens += float((was_clipped * mask).sum())
+                    clipped_tokens += clipped
+                    kl_sum += kl
                 grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)))
                 self.optimizer.step()
             losses.append(epoch_loss)
