@@ -23,7 +23,7 @@ from mazerl.preflight.pipeline import check_pipeline_inputs
 from mazerl.preflight.tracking_store import check_tracking_uri
 from mazerl.reporting.eval_runs import start_eval_run
 from mazerl.run_clock import RunClock, work_keys
-from mazerl.starter.build import ensure_starter
+from mazerl.starter.build import ensure_starter, starter_dir
 from mazerl.tracking.lineage import start_pipeline_run
 from mazerl.tracking.registry import model_version_dir
 from mazerl.training.config import TrainConfig
@@ -50,15 +50,14 @@ def prepare(params: PipelineParams) -> RunContext:
     started = time.time()
     flow_id = str(flow_run.id or "local")
     run_id = run_id_for(str(flow_run.name or "run"), flow_id)
-    check_pipeline_inputs(params, run_id)  # before anything is built, started or written
     root = params.root()
+    base_model = starter_dir(root) if params.base_model is None else Path(params.base_model).expanduser().resolve()
+    # the run's training config, resolved once: the checks read it, every stage gets it from the context
+    config = params.train_config(run_id, base_model)
+    check_pipeline_inputs(params, config)  # before anything is built, started or written
     paths.make_data_root(root)
     if params.base_model is None:
-        base_model = ensure_starter(root, log=logger.info)
-    else:
-        base_model = Path(params.base_model).expanduser().resolve()
-    # the run's training config, resolved once: every stage that needs it gets it from the context
-    config = params.train_config(run_id, base_model)
+        ensure_starter(root, log=logger.info)
     keys = work_keys(
         eval_settings=asdict(eval_settings(params, params.resolved_eval_set(), config)),
         training=config.model_dump(mode="json"),

@@ -17,6 +17,7 @@ from mazerl.preflight.tracking_store import check_tracking_uri
 
 if TYPE_CHECKING:
     from mazerl.params import PipelineParams
+    from mazerl.training.config import TrainConfig
 
 
 def check_eval_set(name: str) -> None:
@@ -45,11 +46,12 @@ def check_resume(checkpoint_dir: Path, resume: str) -> None:
         )
 
 
-def check_pipeline_inputs(params: PipelineParams, run_id: str | None = None) -> None:
+def check_pipeline_inputs(params: PipelineParams, config: TrainConfig | None = None) -> None:
     """Every check of :mod:`mazerl.preflight` for one pipeline run; raises the first :class:`InputError`.
 
-    ``run_id`` None: a run that does not exist yet (``mazerl run`` before it starts its flow run),
-    which has no checkpoint to resume.
+    ``config``: the run's training config, as ``prepare`` resolved it (the one the run trains
+    with: its checkpoint directory is checked for ``training.resume``). None: a run that does not
+    exist yet (``mazerl run`` before it starts its flow run), which has no checkpoint to resume.
     """
     root = params.root()
     check_data_root(root, check_root_env(params.data_root))
@@ -61,12 +63,9 @@ def check_pipeline_inputs(params: PipelineParams, run_id: str | None = None) -> 
     else:
         check_starter_copy(root)
     check_tracking_uri(params.resolved_tracking_uri(), params.experiment, embedded=params.tracking_uri is None)
-    # the run's own config is resolved in ``prepare`` once the model is there; its resume setting
-    # and checkpoint directory do not depend on the model
-    config = params.train_config(run_id or "new-run", Path(params.base_model or paths.models_dir(root)))
-    if run_id is not None:
+    if config is not None:
         check_resume(config.checkpoint_dir, config.resume)
-    elif config.resume == "required":
+    elif params.train_config("new-run", Path(params.base_model or paths.models_dir(root))).resume == "required":
         raise InputError(
             "training.resume",
             "training.resume='required' but a new pipeline run has no checkpoint to continue; set "
