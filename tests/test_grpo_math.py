@@ -106,3 +106,22 @@ def test_turn_advantages_keep_the_outcome_when_every_turn_earned_the_same():
 def test_turn_advantages_refuse_mismatched_lengths():
     with pytest.raises(ValueError, match="one of each per episode"):
         turn_advantages([1.0], [[0.0], [0.0]], ["g"])
+
+
+def test_the_decision_mask_is_the_reply_mask_less_the_stop_tokens():
+    from mazerl.training.scoring import TurnSample, decision_mask, reply_mask
+
+    # Given replies right-aligned in the loss layout: one that ended (action, stop), one cut off
+    # at the token budget (no stop), one with a stop id inside it (the starter's pad id is a stop too),
+    def sample(reply):
+        return TurnSample(input_ids=[1], images=[], response_ids=reply, advantage=0.0)
+
+    samples = [sample([423, 2]), sample([423, 7, 7, 7]), sample([0, 423, 2])]
+    # then every reply token is kept but the stop tokens,
+    assert decision_mask(samples, {2, 0}, torch.device("cpu")).tolist() == [
+        [0.0, 0.0, 1.0, 0.0],
+        [1.0, 1.0, 1.0, 1.0],
+        [0.0, 0.0, 1.0, 0.0],
+    ]
+    # inside the reply mask's positions.
+    assert reply_mask(samples, torch.device("cpu")).tolist() == [[0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]]

@@ -295,3 +295,45 @@ def test_a_trained_vision_tower_moves_and_is_encoded_anew_each_rollout(tmp_path,
     # and the training model's tower was never routed through the run-long frame cache
     tower = next(m for n, m in trainer.model.named_modules() if n.endswith("visual"))
     assert not hasattr(tower, "_uncached_forward"), "a trained tower must not be cached across steps"
+
+
+def test_the_stop_token_left_out_of_the_loss_changes_the_update_not_the_rollout(tmp_path, monkeypatch):
+    import mazerl.training.local_trainer as local_trainer
+    from mazerl.starter.shipped import shipped_starter
+
+    # Given one step of the shipped starter (its replies end: an action, then the stop token) from
+    # the same seed, with the stop token trained (SkyRL's way) and left out, the loss masks recorded,
+    masks = []
+
+    def recording(log_probs, old, reference, advantages, mask, grpo, total):
+        masks.append((grpo.stop_token_loss, mask.clone(), total))
+        return micro_batch_loss(log_probs, old, reference, advantages, mask, grpo, total)
+
+    micro_batch_loss = local_trainer.micro_batch_loss
+    monkeypatch.setattr(local_trainer, "micro_batch_loss", recording)
+
+    def one_step(run_id, stop_token_loss):
+        grpo = {"update_epochs": 1, "samples_per_maze": 4, "temperature": 1.2, "stop_token_loss": stop_token_loss}
+        config = tiny_config(
+            tmp_path, shipped_starter(), run_id=run_id, steps=1, max_turns=10, mazes_per_step=4, grpo=grpo
+        )
+        sink = MetricsSink()
+        trainer = LocalGRPOTrainer(config, log=lambda _: None)
+        trainer.run(metrics_sink=sink)
+        return sink.rows[0]
+
+    trained = one_step("with-stop", True)
+    left_out = one_step("without-stop", False)
+    # then both played the same episodes (the rollout comes before the update), with replies that end,
+    for key in ("train/reward_mean", "train/response_tokens", "train/moves_mean"):
+        assert trained[key] == left_out[key], key
+    assert trained["train/response_tokens"] < 8 * trained["train/moves_mean"], "the replies should end early"
+    # and the loss saw every reply token but the stop tokens, over the same normaliser (so the
+    # other tokens' gradients are what they were).
+    (on, with_stop, total_on), (off, without_stop, total_off) = masks
+    assert (on, off) == (True, False) and total_on == total_off
+    assert with_stop.shape == without_stop.shape and torch.all(without_stop <= with_stop)
+    # Generation stops at a stop token, so it can only be a reply's last token (right-aligned: the
+    # last column); the replies the starter ended lose it, and nothing else changes.
+    assert torch.equal(without_stop[:, :-1], with_stop[:, :-1])
+    assert with_stop[:, -1].sum() == with_stop.shape[0] and without_stop[:, -1].sum() == 0, "every reply ended"

@@ -129,6 +129,13 @@ class GrpoConfig(StrictModel):
         description="Training-only cost of a reply that leaves the agent where it was (a wall bump, an unreadable "
         "reply); 0 disables it.",
     )
+    stop_token_loss: bool = Field(
+        True,
+        description="true (SkyRL): the reply's end-of-turn token is trained like its other tokens; false (local "
+        "backend): it is left out of the loss (the normaliser still counts it, so the other tokens' gradients are "
+        "unchanged). The stop token ends every reply, and longer failed episodes carry more of it, so an "
+        "outcome-only update pushes it down step after step until replies stop ending and run to max_new_tokens.",
+    )
     credit: Literal["episode", "turn"] = Field(
         "episode",
         description="episode (SkyRL's GRPO): the shaping terms join the episode's reward and every turn shares one "

@@ -49,7 +49,7 @@ from mazerl.atomic import write_jsonl, write_text
 from mazerl.eval_files import EVAL_METRICS
 from mazerl.evaluation.summary import result_row
 from mazerl.fingerprint import model_fingerprint
-from mazerl.policy.engines import GenerationSettings
+from mazerl.policy.engines import GenerationSettings, stop_ids
 from mazerl.policy.episodes import Episode, run_episodes
 from mazerl.policy.loader import ModelLoadError, load_policy, read_adapter_config
 from mazerl.policy.prefix_engine import PrefixCachingEngine
@@ -68,7 +68,13 @@ from mazerl.training.grpo import (
 )
 from mazerl.training.lora_adapter import attach_lora
 from mazerl.training.lr_schedule import step_scheduler
-from mazerl.training.scoring import PackedScorer, TurnSample, reply_mask
+from mazerl.training.scoring import (
+    PackedScorer,
+    TurnSample,
+    decision_mask,
+    log_probs_before_update,
+    reply_mask,
+)
 from mazerl.training.seeding import rng_state, seed_everything, step_seed
 
 
@@ -287,27 +293,20 @@ class LocalGRPOTrainer:
             chunks = scorer.prepare(group)
             masks = [reply_mask([group[i] for i in chunk.samples], self.device) for chunk in chunks]
             minis.append((group, chunks, normaliser(masks)))
-        # 3. old log-probs. With one mini-batch the first update epoch runs before any optimizer
-        # step, so its own forward pass gives them (detached). With several, later mini-batches
-        # would see an already-updated policy, so a no-grad scoring pass comes first.
-        old: list[list[torch.Tensor]] = [[] for _ in minis]
-        ref: list[list[torch.Tensor]] = [[] for _ in minis]
-        with torch.no_grad():
-            if len(minis) > 1:
-                old = [[scorer.log_probs(chunk)[0] for chunk in chunks] for _, chunks, _ in minis]
-            if grpo.kl_coef > 0:
-                with self.model.disable_adapter():
-                    ref = [[scorer.log_probs(chunk)[0] for chunk in chunks] for _, chunks, _ in minis]
+        old, ref = log_probs_before_update(scorer, self.model, [chunks for _, chunks, _ in minis], grpo.kl_coef > 0)
         # 4. update epochs over the same batch
         losses, clip_fracs, grad_norms, kls = [], [], [], []
         token_count = max(sum(len(s.response_ids) for s in samples), 1)
         params = [p for p in self.model.parameters() if p.requires_grad]
+        stops = stop_ids(self.model, self.processor)
         for _ in range(grpo.update_epochs):
             epoch_loss, clipped_tokens, kl_sum = 0.0, 0.0, 0.0
             for mini, (group, chunks, total) in enumerate(minis):
                 self.optimizer.zero_grad(set_to_none=True)
                 for index, chunk in enumerate(chunks):
                     log_probs, mask = scorer.log_probs(chunk)  # (B, R): shared tokens scored once
+                    if not grpo.stop_token_loss:
+                        mask = mask * decision_mask([group[i] for i in chunk.samples], stops, self.device)
                     advantages = torch.tensor([group[i].advantage for i in chunk.samples], device=self.device)
                     if len(old[mini]) <= index:
                         old[mini].append(log_probs.detach())

@@ -276,6 +276,35 @@ def reply_mask(samples: Sequence[TurnSample], device: torch.device) -> torch.Ten
     return (torch.arange(longest, device=device).unsqueeze(0) >= (longest - lengths).unsqueeze(1)).float()
 
 
+def decision_mask(samples: Sequence[TurnSample], stop_ids: set[int], device: torch.device) -> torch.Tensor:
+    """:func:`reply_mask` less the stop tokens that end the replies: what ``grpo.stop_token_loss: false`` trains."""
+    longest = max(len(s.response_ids) for s in samples)
+    padded = [[-1] * (longest - len(s.response_ids)) + list(s.response_ids) for s in samples]
+    ids = torch.tensor(padded, device=device)
+    return ((ids >= 0) & ~torch.isin(ids, torch.tensor(sorted(stop_ids), device=device))).float()
+
+
+def log_probs_before_update(
+    scorer: PackedScorer, model: torch.nn.Module, minis: list[list[Chunk]], reference: bool
+) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+    """Per mini-batch and chunk, the old log-probs and (``reference``) the base model's, without grad.
+
+    With one mini-batch the first update epoch runs before any optimizer step, so its own
+    forward pass gives the old log-probs (left empty here, filled in detached by the update).
+    With several, later mini-batches would see an already-updated policy, so a scoring pass
+    comes first. The reference is the model with its adapters off (the KL term's anchor).
+    """
+    old: list[list[torch.Tensor]] = [[] for _ in minis]
+    ref: list[list[torch.Tensor]] = [[] for _ in minis]
+    with torch.no_grad():
+        if len(minis) > 1:
+            old = [[scorer.log_probs(chunk)[0] for chunk in chunks] for chunks in minis]
+        if reference:
+            with model.disable_adapter():
+                ref = [[scorer.log_probs(chunk)[0] for chunk in chunks] for chunks in minis]
+    return old, ref
+
+
 @dataclass(frozen=True)
 class Chunk:
     """One micro-batch of a scorer: the samples it scores (indices, in its output rows' order) and its work."""

@@ -147,6 +147,11 @@ def _check_generation(config: TrainConfig) -> None:
             "a trajectory's step rewards into one value for every turn; set grpo.credit: episode (the shaping "
             "terms are then paid per step and summed) or use backend: local"
         )
+    if not config.grpo.stop_token_loss:
+        raise SkyrlConfigError(
+            "grpo.stop_token_loss (False) is not supported by the SkyRL backend: its loss mask covers every "
+            "generated token, the stop token included; set grpo.stop_token_loss: true or use backend: local"
+        )
     optimizer_steps = config.grpo.update_epochs * (
         config.mazes_per_step // (config.mini_batch_mazes or config.mazes_per_step)
     )
