@@ -170,7 +170,9 @@ def report(args: argparse.Namespace) -> None:
             "(`bench/learning_result.py`)",
             "",
             f"`mazerl.training.recipes.EMBEDDED_TRAINING`: {config['steps']} steps of {config['mazes_per_step']} mazes x "
-            f"{grpo['samples_per_maze']} samples, {epochs_words(grpo)}, learning rate {config['learning_rate']:g} "
+            f"{grpo['samples_per_maze']} samples, {epochs_words(grpo)}"
+            f"{'' if grpo.get('stop_token_loss', True) else ' (the stop token out of the loss)'}, "
+            f"learning rate {config['learning_rate']:g} "
             f"({config.get('lr_schedule', 'constant')}), temperature {grpo['temperature']:g}, "
             f"LoRA rank {config['lora']['rank']} on the language model (vision frozen), {config['torch_threads']} torch "
             f"thread(s), context: {context_words(config)}. Training seeds "

@@ -40,7 +40,8 @@ EMBEDDED_TRAINING: dict[str, Any] = {
     # maze-starter-v4 swung by 5-10 points between evals and one fresh-clone run fell to 28.9% at
     # step 50; the decay lets the last checkpoint, the run's model, settle. 100 steps ended at
     # 57.0-64.8% over 3 seeds, 200 at 66.4-67.6%, 300 at 68.4-71.5% (docs/performance.md, learning
-    # search, 2026-12-02/03); 300 steps and 6 evals take about 15 minutes on 2 cores.
+    # search, 2026-12-02/03; 67.6-70.3% with the stop token out of the loss, on a Xeon); 300 steps
+    # and 6 evals take 14-16 minutes on 2 cores.
     "steps": 300,
     "mazes_per_step": 16,
     "train_pool_size": 512,
