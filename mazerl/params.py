@@ -17,7 +17,7 @@ from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema, model_va
 from envs.evalset import EMBEDDED_EVAL_SET, SPECS
 from mazerl import paths
 from mazerl.address_forms import check_ray_address_form, check_tracking_uri_form, control_character
-from mazerl.evaluation.engines import EvalEngine, gpus_per_worker
+from mazerl.evaluation.engines import EvalEngine, check_gpus_per_worker, gpus_per_worker
 from mazerl.training.config import PlainNumbers, TrainConfig
 from mazerl.training.recipes import (
     MINIATURE_TRAINING,
@@ -172,17 +172,7 @@ class EvalEngineParams(PlainNumbers):
 
     @model_validator(mode="after")
     def _engine_gets_gpus(self) -> EvalEngineParams:
-        gpus = self.resolved_eval_gpus()
-        if self.eval_engine == "vllm" and gpus == 0:
-            raise ValueError(
-                "eval_gpus_per_worker (0) with eval_engine 'vllm': vLLM runs on GPUs only; give each worker a "
-                "GPU (eval_gpus_per_worker: 1) or use eval_engine 'hf'"
-            )
-        if gpus > 1 and not float(gpus).is_integer():
-            raise ValueError(
-                f"eval_gpus_per_worker ({gpus}) above 1 must be a whole number (Ray gives whole GPUs beyond one); "
-                "e.g. 1 or 2"
-            )
+        check_gpus_per_worker(self.eval_engine, self.resolved_eval_gpus())
         return self
 
     def resolved_eval_gpus(self) -> float:

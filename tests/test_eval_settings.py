@@ -71,6 +71,24 @@ def test_bad_engine_settings_are_refused_naming_the_parameter(given, says):
         PipelineParams(**given)
 
 
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ({"eval_engine": "vllm", "eval_gpus_per_worker": 0}, "vLLM runs on GPUs only"),
+        ({"eval_gpus_per_worker": 1.5}, "whole number"),
+    ],
+)
+def test_an_eval_called_directly_refuses_the_same_gpus_with_the_same_words(given, says, tmp_path):
+    from mazerl.evaluation.evaluate import evaluate
+    from mazerl.starter.shipped import shipped_starter
+
+    # `mazerl eval` and library callers build EvalSettings themselves: the parameters' rule holds there too,
+    # before anything is written.
+    with pytest.raises(ValueError, match=says):
+        evaluate(shipped_starter(), EvalSettings(eval_set="maze256-small-v1", **given), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_gpus_per_worker_is_placement_not_a_result_so_the_baseline_cache_ignores_it(tmp_path):
     run = run_context(tmp_path)
     on_cpu = EvalSettings(eval_set="maze256-small-v1", eval_engine="hf", eval_gpus_per_worker=0.0)

@@ -3,7 +3,8 @@
 The one home of the rule "vLLM gets 1 GPU per worker by default" (vLLM runs on GPUs only; the HF
 engine runs on CPU, or on a GPU it is given): the pipeline's parameters
 (``PipelineParams.resolved_eval_gpus``) and :func:`mazerl.evaluation.evaluate` both call
-:func:`gpus_per_worker`. Plain Python (no torch), so the parameters can use it.
+:func:`gpus_per_worker`, and both refuse what Ray or vLLM cannot do with :func:`check_gpus_per_worker`.
+Plain Python (no torch), so the parameters can use it.
 """
 
 from __future__ import annotations
@@ -19,3 +20,18 @@ DEFAULT_GPUS_PER_WORKER: dict[str, float] = {"hf": 0.0, "vllm": 1.0}
 def gpus_per_worker(engine: str, asked: float | None = None) -> float:
     """``asked``, or the engine's default when None: 1 GPU per vLLM worker, none for hf."""
     return float(asked) if asked is not None else DEFAULT_GPUS_PER_WORKER.get(engine, 0.0)
+
+
+def check_gpus_per_worker(engine: str, gpus: float) -> float:
+    """``gpus`` if an ``engine`` worker can run on it; a ValueError naming the parameter and the fix otherwise."""
+    if engine == "vllm" and gpus <= 0:
+        raise ValueError(
+            f"eval_gpus_per_worker ({gpus:g}) with eval_engine 'vllm': vLLM runs on GPUs only; give each worker a "
+            "GPU (eval_gpus_per_worker: 1) or use eval_engine 'hf'"
+        )
+    if gpus > 1 and not float(gpus).is_integer():
+        raise ValueError(
+            f"eval_gpus_per_worker ({gpus:g}) above 1 must be a whole number (Ray gives whole GPUs beyond one); "
+            "e.g. 1 or 2"
+        )
+    return gpus

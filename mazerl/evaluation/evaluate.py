@@ -37,7 +37,6 @@ from mazerl.atomic import write_bytes, write_json, write_jsonl
 from mazerl.cluster.ray_driver import ray_driver
 from mazerl.cluster.ray_local import local_ray_head
 from mazerl.eval_files import RESULTS_FILE, SUMMARY_FILE
-from mazerl.evaluation.engines import gpus_per_worker as worker_gpus
 from mazerl.evaluation.settings import EvalSettings
 from mazerl.evaluation.summary import summarize
 from mazerl.evaluation.workers import EvalJob, EvalWorker, MazeCounter
@@ -162,7 +161,7 @@ def evaluate(
         device=device,
     )
     chunks = eval_chunks(count, settings.eval_workers, chunk_size)
-    gpus = _gpus_per_worker(settings)
+    gpus = settings.gpus_per_worker()  # checked by settings.check()
     workers = min(settings.eval_workers, len(chunks))
     rows, gifs, rollout_seconds, placement = _run_on_ray(job, chunks, workers, gpus, ray_address, progress)
     rows.sort(key=lambda row: row["index"])
@@ -196,16 +195,6 @@ def _context_mode(
             "trained on"
         )
     return history, text, recorded
-
-
-def _gpus_per_worker(settings: EvalSettings) -> float:
-    """The GPUs each eval worker asks Ray for (the engine's default when unset); vLLM cannot run on none."""
-    gpus = worker_gpus(settings.eval_engine, settings.eval_gpus_per_worker)
-    if settings.eval_engine == "vllm" and gpus <= 0:
-        raise ValueError(
-            "eval_gpus_per_worker=0 with eval_engine='vllm': vLLM runs on GPUs only; give each worker 1 GPU"
-        )
-    return gpus
 
 
 def _run_on_ray(

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from mazerl.evaluation.engines import ENGINES
+from mazerl.evaluation.engines import ENGINES, check_gpus_per_worker, gpus_per_worker
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,11 @@ class EvalSettings:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= {minimum}")
         if self.max_eval_mazes is not None and self.max_eval_mazes < 1:
             raise ValueError(f"max_eval_mazes={self.max_eval_mazes} must be >= 1 (or None for the whole set)")
+        check_gpus_per_worker(self.eval_engine, self.gpus_per_worker())
+
+    def gpus_per_worker(self) -> float:
+        """The GPUs each eval worker asks Ray for: ``eval_gpus_per_worker``, or the engine's default."""
+        return gpus_per_worker(self.eval_engine, self.eval_gpus_per_worker)
 
     @classmethod
     def from_json(cls, values: dict[str, Any]) -> EvalSettings:
