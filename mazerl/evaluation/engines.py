@@ -22,8 +22,8 @@ def gpus_per_worker(engine: str, asked: float | None = None) -> float:
     return float(asked) if asked is not None else DEFAULT_GPUS_PER_WORKER.get(engine, 0.0)
 
 
-def check_gpus_per_worker(engine: str, gpus: float) -> float:
-    """``gpus`` if an ``engine`` worker can run on it; a ValueError naming the parameter and the fix otherwise."""
+def check_gpus_per_worker(engine: str, gpus: float) -> None:
+    """A ValueError naming the parameter and the fix unless an ``engine`` worker can run on ``gpus``."""
     if engine == "vllm" and gpus <= 0:
         raise ValueError(
             f"eval_gpus_per_worker ({gpus:g}) with eval_engine 'vllm': vLLM runs on GPUs only; give each worker a "
@@ -34,4 +34,3 @@ def check_gpus_per_worker(engine: str, gpus: float) -> float:
             f"eval_gpus_per_worker ({gpus:g}) above 1 must be a whole number (Ray gives whole GPUs beyond one); "
             "e.g. 1 or 2"
         )
-    return gpus

@@ -178,6 +178,7 @@ class LocalGRPOTrainer:
         for parameter in model.parameters():
             parameter.requires_grad_(False)
         self.model = attach_lora(model, self.config, resume_from.adapter_dir if resume_from else None)
+        self.stop_ids = stop_ids(model, self.processor)  # what ends a reply (the engines stop on these)
         # A frozen vision tower's output per frame never changes: encode each frame once for the
         # whole run. A trained one runs with gradients in the update, and its cache lives one rollout.
         self.vision_cache = VisionCache()
@@ -298,7 +299,6 @@ class LocalGRPOTrainer:
         losses, clip_fracs, grad_norms, kls = [], [], [], []
         token_count = max(sum(len(s.response_ids) for s in samples), 1)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        stops = stop_ids(self.model, self.processor)
         for _ in range(grpo.update_epochs):
             epoch_loss, clipped_tokens, kl_sum = 0.0, 0.0, 0.0
             for mini, (group, chunks, total) in enumerate(minis):
@@ -306,7 +306,7 @@ class LocalGRPOTrainer:
                 for index, chunk in enumerate(chunks):
                     log_probs, mask = scorer.log_probs(chunk)  # (B, R): shared tokens scored once
                     if not grpo.stop_token_loss:
-                        mask = mask * decision_mask([group[i] for i in chunk.samples], stops, self.device)
+                        mask = mask * decision_mask([group[i] for i in chunk.samples], self.stop_ids, self.device)
                     advantages = torch.tensor([group[i].advantage for i in chunk.samples], device=self.device)
                     if len(old[mini]) <= index:
                         old[mini].append(log_probs.detach())
