@@ -231,6 +231,14 @@ class TrainConfig(StrictModel):
         f"every maze the world offers outside the eval set, at most {MAX_DEFAULT_POOL} (the 7x7 world has 768 "
         "mazes in all, so 512 there); a larger value than the world offers is refused.",
     )
+    retry_share: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Share of each step's mazes drawn again from the pool mazes whose last group was split (some "
+        "samples solved, some not), in place of the step's last fresh mazes: late in a run most groups solve every "
+        "sample and carry no gradient. 0: the plain per-epoch order (local backend; SkyRL refuses other values).",
+    )
     learning_rate: float = Field(1e-4, description="AdamW learning rate for the LoRA weights.")
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant",

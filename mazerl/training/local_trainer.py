@@ -58,7 +58,7 @@ from mazerl.progress import ProgressMeter, step_line
 from mazerl.starter.record import recorded_context_mode
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, TrainingConfigError, record_config
-from mazerl.training.data import epoch_of_step, step_indices
+from mazerl.training.data import epoch_of_step, record_success, step_mazes
 from mazerl.training.grpo import (
     LOSS_REDUCTIONS,
     group_advantages,
@@ -137,6 +137,10 @@ class LocalGRPOTrainer:
         # The last rollout's engine and update's scorer, for tests and bench/train_step.py to inspect.
         self.last_engine: Any = None
         self.last_scorer: Any = None
+        # Each pool maze's last group success rate (data.step_mazes draws retries from it); saved
+        # with every checkpoint so a resumed run draws what an uninterrupted one would.
+        self.last_success: dict[int, float] = {}
+        self.last_retries = 0  # how many of the last rollout's mazes were retries
 
     # ---- set-up and resume -----------------------------------------------------------
 
@@ -192,13 +196,18 @@ class LocalGRPOTrainer:
             self.optimizer.load_state_dict(torch.load(policy_dir / "optimizer.pt", weights_only=True))
         # The rate is a function of the step (lr_schedule.py): no scheduler state to resume (an old scheduler.pt is ignored)
         done = resume_from.step if resume_from else 0
+        if resume_from is not None:  # a checkpoint from before retries has no record: start an empty one
+            recorded = checkpoints.load_trainer_state(resume_from).get("maze_success", {})
+            self.last_success = {int(index): float(rate) for index, rate in recorded.items()}
         self.scheduler = step_scheduler(self.optimizer, config.lr_schedule, config.learning_rate, config.steps, done)
 
     # ---- one step --------------------------------------------------------------------
 
     def _rollout(self, step: int) -> list[Episode]:
         config = self.config
-        indices = step_indices(step, config.mazes_per_step, len(self.pool), config.seed)
+        indices, self.last_retries = step_mazes(
+            step, config.mazes_per_step, len(self.pool), config.seed, config.retry_share, self.last_success
+        )
         settings = GenerationSettings(
             greedy=False,
             temperature=config.grpo.temperature,
@@ -206,7 +215,7 @@ class LocalGRPOTrainer:
             max_new_tokens=config.grpo.max_new_tokens,
             seed=step_seed(config.seed, step),
         )
-        return self._play(
+        episodes = self._play(
             [self.pool[i][1] for i in indices for _ in range(config.group_size)],
             settings,
             config.max_turns,
@@ -214,6 +223,8 @@ class LocalGRPOTrainer:
             format_bonus=config.grpo.format_bonus,
             shaping=Shaping(progress=config.grpo.progress_reward, bump_cost=config.grpo.bump_cost),
         )
+        record_success(self.last_success, indices, [episode.solved for episode in episodes], config.group_size)
+        return episodes
 
     def _play(self, layouts: list[Any], settings: GenerationSettings, max_moves: int, **options: Any) -> list[Episode]:
         """Episodes of the current policy (adapter merged into a copy) on ``layouts``, batched per turn."""
@@ -360,6 +371,7 @@ class LocalGRPOTrainer:
                         "epoch": epoch_of_step(step, config.mazes_per_step, len(self.pool)),
                         "next_step": step + 1,
                     },
+                    "maze_success": {str(index): rate for index, rate in sorted(self.last_success.items())},
                 },
             )
 
@@ -417,6 +429,8 @@ class LocalGRPOTrainer:
                 "train/step_seconds": time.perf_counter() - step_started,
                 "train/epoch": float(epoch_of_step(step, config.mazes_per_step, len(self.pool))),
             }
+            if config.retry_share > 0:
+                metrics["train/retry_mazes"] = float(self.last_retries)
             if config.eval_interval and step % config.eval_interval == 0:  # 5. eval
                 metrics.update(self._greedy_eval(step))
             if step % config.checkpoint_interval == 0 or step == config.steps:  # 6. checkpoint

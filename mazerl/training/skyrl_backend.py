@@ -152,6 +152,11 @@ def _check_generation(config: TrainConfig) -> None:
             "grpo.stop_token_loss (False) is not supported by the SkyRL backend: its loss mask covers every "
             "generated token, the stop token included; set grpo.stop_token_loss: true or use backend: local"
         )
+    if config.retry_share > 0:
+        raise SkyrlConfigError(
+            f"retry_share ({config.retry_share}) is not supported by the SkyRL backend: its dataloader walks the "
+            "prompt dataset in a fixed order; set retry_share: 0 or use backend: local"
+        )
     optimizer_steps = config.grpo.update_epochs * (
         config.mazes_per_step // (config.mini_batch_mazes or config.mazes_per_step)
     )
