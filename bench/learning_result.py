@@ -172,6 +172,7 @@ def report(args: argparse.Namespace) -> None:
             f"`mazerl.training.recipes.EMBEDDED_TRAINING`: {config['steps']} steps of {config['mazes_per_step']} mazes x "
             f"{grpo['samples_per_maze']} samples, {epochs_words(grpo)}"
             f"{'' if grpo.get('stop_token_loss', True) else ' (the stop token out of the loss)'}, "
+            f"{retry_words(config)}"
             f"learning rate {config['learning_rate']:g} "
             f"({config.get('lr_schedule', 'constant')}), temperature {grpo['temperature']:g}, "
             f"LoRA rank {config['lora']['rank']} on the language model (vision frozen), {config['torch_threads']} torch "
@@ -212,6 +213,12 @@ def report(args: argparse.Namespace) -> None:
     print(body)
     if args.write:
         write_section("learning_result", body)
+
+
+def retry_words(config: dict) -> str:
+    """``retry_share`` in words, or nothing for the plain per-epoch order."""
+    share = config.get("retry_share", 0.0)
+    return f"{share:.0%} of each step's mazes retries of split mazes (`retry_share`), " if share else ""
 
 
 def context_words(config: dict) -> str:
