@@ -146,7 +146,6 @@ def report(args: argparse.Namespace) -> None:
             }
         )
     finals = [r["final"] for r in runs]
-    plot(runs, baseline, DOCS / "img" / "embedded_recipe_curve.png")
     config = json.loads((run_dir(args.root, args.seeds[0]) / "train_config.json").read_text())
     before = kinds_of(base)
     steps = sorted({s for r in runs for s, _ in r["curve"]})
@@ -211,7 +210,8 @@ def report(args: argparse.Namespace) -> None:
         ]
     )
     print(body)
-    if args.write:
+    if args.write:  # the figure too: a trial arm's report must not replace the recipe's
+        plot(runs, baseline, DOCS / "img" / "embedded_recipe_curve.png")
         write_section("learning_result", body)
 
 
