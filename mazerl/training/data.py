@@ -70,6 +70,27 @@ def record_success(last_success: dict[int, float], indices: list[int], solved: l
         last_success[index] = sum(group) / group_size
 
 
+def order_state(
+    step: int, seed: int, mazes_per_step: int, pool_size: int, last_success: dict[int, float]
+) -> dict[str, dict]:
+    """What a checkpoint after ``step`` keeps of the data order: the plain order's inputs and the record."""
+    return {
+        "data_order": {
+            "seed": seed,
+            "mazes_per_step": mazes_per_step,
+            "pool_size": pool_size,
+            "epoch": epoch_of_step(step, mazes_per_step, pool_size),
+            "next_step": step + 1,
+        },
+        "maze_success": {str(index): rate for index, rate in sorted(last_success.items())},
+    }
+
+
+def recorded_success(state: dict) -> dict[int, float]:
+    """The record :func:`order_state` saved; a checkpoint from before retries has none (an empty one)."""
+    return {int(index): float(rate) for index, rate in state.get("maze_success", {}).items()}
+
+
 def epoch_of_step(step: int, mazes_per_step: int, pool_size: int) -> int:
     """The (0-based) epoch in which ``step`` starts."""
     return (step - 1) * mazes_per_step // pool_size

@@ -58,7 +58,7 @@ from mazerl.progress import ProgressMeter, step_line
 from mazerl.starter.record import recorded_context_mode
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, TrainingConfigError, record_config
-from mazerl.training.data import epoch_of_step, record_success, step_mazes
+from mazerl.training.data import epoch_of_step, order_state, record_success, recorded_success, step_mazes
 from mazerl.training.grpo import (
     LOSS_REDUCTIONS,
     group_advantages,
@@ -196,9 +196,8 @@ class LocalGRPOTrainer:
             self.optimizer.load_state_dict(torch.load(policy_dir / "optimizer.pt", weights_only=True))
         # The rate is a function of the step (lr_schedule.py): no scheduler state to resume (an old scheduler.pt is ignored)
         done = resume_from.step if resume_from else 0
-        if resume_from is not None:  # a checkpoint from before retries has no record: start an empty one
-            recorded = checkpoints.load_trainer_state(resume_from).get("maze_success", {})
-            self.last_success = {int(index): float(rate) for index, rate in recorded.items()}
+        if resume_from is not None:
+            self.last_success = recorded_success(checkpoints.load_trainer_state(resume_from))
         self.scheduler = step_scheduler(self.optimizer, config.lr_schedule, config.learning_rate, config.steps, done)
 
     # ---- one step --------------------------------------------------------------------
@@ -364,14 +363,7 @@ class LocalGRPOTrainer:
                     "config": json.loads(config.model_dump_json()),
                     "base_model": str(config.base_model),
                     "base_model_fingerprint": self.base_fingerprint,
-                    "data_order": {
-                        "seed": config.seed,
-                        "mazes_per_step": config.mazes_per_step,
-                        "pool_size": len(self.pool),
-                        "epoch": epoch_of_step(step, config.mazes_per_step, len(self.pool)),
-                        "next_step": step + 1,
-                    },
-                    "maze_success": {str(index): rate for index, rate in sorted(self.last_success.items())},
+                    **order_state(step, config.seed, config.mazes_per_step, len(self.pool), self.last_success),
                 },
             )
 
