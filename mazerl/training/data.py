@@ -57,7 +57,7 @@ def step_mazes(
         return fresh, 0
     candidates = [index for index in split_mazes(last_success) if index not in fresh]
     rng = np.random.default_rng([seed, step, RETRY_STREAM])
-    retries = [int(index) for index in rng.permutation(candidates)[:wanted]] if candidates else []
+    retries = [int(index) for index in rng.permutation(candidates)[:wanted]]
     return fresh[: mazes_per_step - len(retries)] + retries, len(retries)
 
 

@@ -171,6 +171,7 @@ class LocalGRPOTrainer:
                 f"the adapter of checkpoint step {latest.step} cannot be resumed: {exc}; restore that checkpoint, "
                 f"or delete {self.config.checkpoint_dir} to train from scratch"
             ) from exc
+        self.last_success = recorded_success(state)  # the retries' record, from the state read above
         return latest
 
     def _build(self, resume_from: checkpoints.Checkpoint | None) -> None:
@@ -196,8 +197,6 @@ class LocalGRPOTrainer:
             self.optimizer.load_state_dict(torch.load(policy_dir / "optimizer.pt", weights_only=True))
         # The rate is a function of the step (lr_schedule.py): no scheduler state to resume (an old scheduler.pt is ignored)
         done = resume_from.step if resume_from else 0
-        if resume_from is not None:
-            self.last_success = recorded_success(checkpoints.load_trainer_state(resume_from))
         self.scheduler = step_scheduler(self.optimizer, config.lr_schedule, config.learning_rate, config.steps, done)
 
     # ---- one step --------------------------------------------------------------------
