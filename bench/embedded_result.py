@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 The starter (`{Path(config["base_model"]).name}`) trained by GRPO with the embedded recipe
 (`mazerl.training.recipes.EMBEDDED_TRAINING`): {config["steps"]} steps of {config["mazes_per_step"]} mazes x
 {grpo["samples_per_maze"]} samples, learning rate {config["learning_rate"]:g} ({config.get("lr_schedule", "constant")}), update epochs per step:
-{grpo["update_epochs"]}, temperature {grpo["temperature"]:g}, LoRA rank {config["lora"]["rank"]}, {config["torch_threads"]} torch
+{grpo["update_epochs"]}, temperature {grpo["temperature"]:g}, LoRA rank {config["lora"]["rank"]}{"" if config.get("freeze_vision", True) else " (the vision tower too)"}, {config["torch_threads"]} torch
 thread(s), context mode: history_images {config["history_images"]}, history_text {config["history_text"]}, move
 budget: {config["max_turns"]}. Baseline and final: greedy on every
 maze of `{config["eval_set"]}` (none of them in the training pool).

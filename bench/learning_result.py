@@ -174,7 +174,7 @@ def report(args: argparse.Namespace) -> None:
             f"{retry_words(config)}"
             f"learning rate {config['learning_rate']:g} "
             f"({config.get('lr_schedule', 'constant')}), temperature {grpo['temperature']:g}, "
-            f"LoRA rank {config['lora']['rank']} on the language model (vision frozen), {config['torch_threads']} torch "
+            f"LoRA rank {config['lora']['rank']} {lora_words(config)}, {config['torch_threads']} torch "
             f"thread(s), context: {context_words(config)}. Training seeds "
             f"{', '.join(str(s) for s in args.seeds)} from the same starter; greedy success on all 256 held-out "
             f"mazes of `maze256-small-v1` (budget ceiling {ceiling:.1%}).",
@@ -213,6 +213,15 @@ def report(args: argparse.Namespace) -> None:
     if args.write:  # the figure too: a trial arm's report must not replace the recipe's
         plot(runs, baseline, DOCS / "img" / "embedded_recipe_curve.png")
         write_section("learning_result", body)
+
+
+def lora_words(config: dict) -> str:
+    """Where the adapters are: the language model only, or the vision tower too (``freeze_vision``)."""
+    return (
+        "on the language model (vision frozen)"
+        if config.get("freeze_vision", True)
+        else "on the language model and the vision tower"
+    )
 
 
 def retry_words(config: dict) -> str:

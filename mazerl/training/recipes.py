@@ -41,7 +41,8 @@ EMBEDDED_TRAINING: dict[str, Any] = {
     # step 50; the decay lets the last checkpoint, the run's model, settle. 100 steps ended at
     # 57.0-64.8% over 3 seeds, 200 at 66.4-67.6%, 300 at 68.4-71.5% (docs/performance.md, learning
     # search, 2026-12-02/03; 67.6-70.3% with the stop token out of the loss, on a Xeon); 300 steps
-    # and 6 evals take 14-16 minutes on 2 cores.
+    # and 6 evals took 14-16 minutes on a 2-core Xeon with the vision tower frozen, 17-20 minutes
+    # on a 2-core AMD EPYC with it trained (below).
     "steps": 300,
     "mazes_per_step": 16,
     "train_pool_size": 512,
@@ -54,6 +55,11 @@ EMBEDDED_TRAINING: dict[str, Any] = {
     # both cores: the trainer is the only heavy process while it runs; a step of 128 episodes
     # takes 3.2 s instead of 4.6 s on a 2-core Xeon (2026-12-03; the same numbers to 1e-6)
     "torch_threads": 2,
+    # LoRA on the vision tower too: most failures left with it frozen were one wall misread and
+    # bumped into to the end of the budget; adapters on the tower's blocks and mergers took seeds
+    # 0/1/2 to 70.7/72.7/69.9% (mean 71.1%) against 69.9/67.6/70.3% frozen, the steps ~15% slower
+    # (no vision cache; docs/performance.md, 2026-12-04). The SkyRL backend refuses it.
+    "freeze_vision": False,
     # the stop token out of the loss: with it in, a fresh-clone run on a 2-core Xeon stopped ending
     # its replies at step 85 (2 tokens per reply -> 12, the budget), and steps took 2-3x longer
     "grpo": {
