@@ -41,7 +41,7 @@ def lora_pattern(config: TrainConfig) -> str:
 
 
 def attach_lora(model: torch.nn.Module, config: TrainConfig, adapter_dir: Path | None = None) -> torch.nn.Module:
-    """Wrap the base model with a fresh or saved LoRA adapter (trainable), vision frozen."""
+    """Wrap the base model with a fresh or saved LoRA adapter (trainable) where :func:`lora_pattern` puts it."""
     from peft import LoraConfig, PeftModel, get_peft_model  # heavy: imported when a run builds its model
 
     if adapter_dir is not None:
