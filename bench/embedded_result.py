@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.learning_result import shaping_words  # noqa: E402
 from bench.report import write_section  # noqa: E402
 from mazerl.eval_files import read_result_rows  # noqa: E402
 from mazerl.tracking.curves import GREEDY_KEY, SAMPLED_KEY, curve_table, history_from_jsonl  # noqa: E402
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 The starter (`{Path(config["base_model"]).name}`) trained by GRPO with the embedded recipe
 (`mazerl.training.recipes.EMBEDDED_TRAINING`): {config["steps"]} steps of {config["mazes_per_step"]} mazes x
 {grpo["samples_per_maze"]} samples, learning rate {config["learning_rate"]:g} ({config.get("lr_schedule", "constant")}), update epochs per step:
-{grpo["update_epochs"]}, temperature {grpo["temperature"]:g}, LoRA rank {config["lora"]["rank"]}{"" if config.get("freeze_vision", True) else " (the vision tower too)"}, {config["torch_threads"]} torch
+{grpo["update_epochs"]}, {shaping_words(grpo)}temperature {grpo["temperature"]:g}, LoRA rank {config["lora"]["rank"]}{"" if config.get("freeze_vision", True) else " (the vision tower too)"}, {config["torch_threads"]} torch
 thread(s), context mode: history_images {config["history_images"]}, history_text {config["history_text"]}, move
 budget: {config["max_turns"]}. Baseline and final: greedy on every
 maze of `{config["eval_set"]}` (none of them in the training pool).

@@ -171,7 +171,7 @@ def report(args: argparse.Namespace) -> None:
             f"`mazerl.training.recipes.EMBEDDED_TRAINING`: {config['steps']} steps of {config['mazes_per_step']} mazes x "
             f"{grpo['samples_per_maze']} samples, {epochs_words(grpo)}"
             f"{'' if grpo.get('stop_token_loss', True) else ' (the stop token out of the loss)'}, "
-            f"{retry_words(config)}"
+            f"{retry_words(config)}{shaping_words(grpo)}"
             f"learning rate {config['learning_rate']:g} "
             f"({config.get('lr_schedule', 'constant')}), temperature {grpo['temperature']:g}, "
             f"LoRA rank {config['lora']['rank']} {lora_words(config)}, {config['torch_threads']} torch "
@@ -228,6 +228,19 @@ def retry_words(config: dict) -> str:
     """``retry_share`` in words, or nothing for the plain per-epoch order."""
     share = config.get("retry_share", 0.0)
     return f"{share:.0%} of each step's mazes retries of split mazes (`retry_share`), " if share else ""
+
+
+def shaping_words(grpo: dict) -> str:
+    """The training-only shaping terms and how they are credited, or nothing when there are none."""
+    terms = [
+        f"{label} {grpo.get(key, 0.0):g}"
+        for key, label in (("progress_reward", "progress reward"), ("bump_cost", "bump cost"))
+        if grpo.get(key, 0.0)
+    ]
+    if not terms:
+        return ""
+    credit = "each turn's own" if grpo.get("credit") == "turn" else "the episode's"
+    return f"{' and '.join(terms)} per turn ({credit} credit; training only), "
 
 
 def context_words(config: dict) -> str:
