@@ -110,6 +110,16 @@ def kinds_of(rows: list[dict]) -> dict[str, int]:
     return kind_counts(failure_kind(eval_set.layouts[r["index"]], r["actions"], eval_set.max_moves) for r in rows)
 
 
+def mistakes_of(rows: list[dict]) -> dict[str, int]:
+    """Where each failed maze left the solver's way (``mazerl.evaluation.failures.first_mistake``)."""
+    from envs.evalset import load as load_eval_set
+    from mazerl.evaluation.failures import MISTAKES, first_mistake
+
+    eval_set = load_eval_set("maze256-small-v1")
+    found = [first_mistake(eval_set.layouts[r["index"]], r["actions"]) for r in rows if not r["solved"]]
+    return {mistake: found.count(mistake) for mistake in MISTAKES}
+
+
 def report(args: argparse.Namespace) -> None:
     from envs.evalset import load as load_eval_set
     from mazerl.evaluation.summary import exact_mcnemar_p
@@ -142,12 +152,14 @@ def report(args: argparse.Namespace) -> None:
                 "steps": len(history["train/step_seconds"]),
                 "wall_seconds": trained["wall_seconds"],
                 "kinds": kinds_of(final_rows),
+                "mistakes": mistakes_of(final_rows),
                 "load": load,
             }
         )
     finals = [r["final"] for r in runs]
     config = json.loads((run_dir(args.root, args.seeds[0]) / "train_config.json").read_text())
     before = kinds_of(base)
+    mistakes_before = mistakes_of(base)
     steps = sorted({s for r in runs for s, _ in r["curve"]})
     curve_rows = [
         f"| {step} | " + " | ".join(next((f"{v:.1%}" for s, v in r["curve"] if s == step), "") for r in runs) + " |"
@@ -155,6 +167,10 @@ def report(args: argparse.Namespace) -> None:
     ]
     kind_rows = [
         f"| {kind} | {before[kind]} | " + " | ".join(str(r["kinds"][kind]) for r in runs) + " |" for kind in before
+    ]
+    mistake_rows = [
+        f"| {mistake} | {count} | " + " | ".join(str(r["mistakes"][mistake]) for r in runs) + " |"
+        for mistake, count in mistakes_before.items()
     ]
     spread = statistics.stdev(finals) if len(finals) > 1 else 0.0
     seeds = cells(runs, lambda r: f"seed {r['seed']}")
@@ -207,6 +223,13 @@ def report(args: argparse.Namespace) -> None:
             f"| kind | baseline | {seeds} |",
             f"| --- | ---: | {rule} |",
             *kind_rows,
+            "",
+            "Where each failure began: its first reply that is not the solver's move "
+            "(`mazerl.evaluation.failures.first_mistake`):",
+            "",
+            f"| first mistake | baseline | {seeds} |",
+            f"| --- | ---: | {rule} |",
+            *mistake_rows,
         ]
     )
     print(body)

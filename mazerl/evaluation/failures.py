@@ -12,6 +12,11 @@ Kinds, checked in this order (the first that applies):
 
 The replay uses the env itself (:class:`envs.maze.MazeEnv`), so a reply counts as a move,
 a bump or a stop exactly as it did in the episode.
+
+Where a failure began (:func:`first_mistake`): the first reply that is not the solver's action
+from the cell the agent was on. With one frame of context a greedy policy that took a wrong
+branch rarely comes back (at the junction it takes the same branch again), so this first
+mistake, not the kind above, says whether the policy misread a wall or chose the wrong way out.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from envs.maze import ActionFormat, Layout, MazeEnv
+from envs.maze import DIRECTIONS, PARSERS, ActionFormat, Layout, MazeEnv, solve_actions
 
 KINDS = ("solved", "wrong stop", "wall bumps", "loop", "unparsed", "budget spent")
+MISTAKES = ("start branch", "junction branch", "reversal", "into a wall", "stop or unparsed")
 
 
 def failure_kind(layout: Layout, actions: Sequence[str], max_moves: int, action_format: ActionFormat = "tuple") -> str:
@@ -50,6 +56,35 @@ def failure_kind(layout: Layout, actions: Sequence[str], max_moves: int, action_
     if unparsed * 2 >= max(len(actions), 1):
         return "unparsed"
     return "budget spent"
+
+
+def first_mistake(layout: Layout, actions: Sequence[str], action_format: ActionFormat = "tuple") -> str | None:
+    """The first reply that is not the solver's, as one of :data:`MISTAKES`; None if there is none.
+
+    ``start branch``: another open way out of the start cell; ``junction branch``: another open
+    way out of a cell with three or four, not back; ``reversal``: back to the cell the agent
+    came from; ``into a wall``: a move the frame shows is blocked (a misread);
+    ``stop or unparsed``: a stop away from the target, or a reply that did not parse.
+    """
+    parse = PARSERS[action_format]
+    cell, previous = layout.agent, None
+    for text in actions:
+        action, _ = parse(text)
+        if action != solve_actions(layout, start=cell)[0]:
+            if action not in DIRECTIONS:
+                return "stop or unparsed"
+            dr, dc = DIRECTIONS[action]
+            after = (cell[0] + dr, cell[1] + dc)
+            if layout.walls[after]:
+                return "into a wall"
+            if after == previous:
+                return "reversal"
+            return "start branch" if cell == layout.agent else "junction branch"
+        if action not in DIRECTIONS:  # the solver's stop on the target: solved
+            return None
+        dr, dc = DIRECTIONS[action]
+        cell, previous = (cell[0] + dr, cell[1] + dc), cell
+    return None
 
 
 def kind_counts(kinds: Iterable[str]) -> dict[str, int]:
