@@ -42,7 +42,8 @@ EMBEDDED_TRAINING: dict[str, Any] = {
     # 57.0-64.8% over 3 seeds, 200 at 66.4-67.6%, 300 at 68.4-71.5% (docs/performance.md, learning
     # search, 2026-12-02/03; 67.6-70.3% with the stop token out of the loss, on a Xeon); 300 steps
     # and 6 evals took 14-16 minutes on a 2-core Xeon with the vision tower frozen, 17-20 minutes
-    # on a 2-core AMD EPYC with it trained (below).
+    # on a 2-core AMD EPYC with it trained (below), 17-19 minutes on a quiet 2-core Xeon with the
+    # per-move credit too (2026-12-05).
     "steps": 300,
     "mazes_per_step": 16,
     "train_pool_size": 512,
@@ -71,8 +72,9 @@ EMBEDDED_TRAINING: dict[str, Any] = {
         # Each turn's own credit for the way it went (training only, never success): +0.3 for the
         # solver's move, -0.3 for any other move, -0.1 for a bump. Most failures left by the outcome
         # alone began with a wrong open branch at the start or at a junction (the outcome shares one
-        # advantage over 8-15 turns); with this shaping seeds 1/2 ended at 73.0/72.7% against
-        # 72.7/69.9% without, and the curves no longer dipped mid-run (docs/performance.md, 2026-12-05).
+        # advantage over 8-15 turns); with this shaping seeds 0/1/2 ended at 73.8/73.0/72.7% against
+        # 70.7/72.7/69.9% without, the curves without the mid-run dip, each step 35-50% dearer (every
+        # turn carries an advantage; docs/performance.md, 2026-12-05).
         "credit": "turn",
         "progress_reward": 0.3,
         "bump_cost": 0.1,
