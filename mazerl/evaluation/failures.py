@@ -70,20 +70,19 @@ def first_mistake(layout: Layout, actions: Sequence[str], action_format: ActionF
     cell, previous = layout.agent, None
     for text in actions:
         action, _ = parse(text)
-        if action != solve_actions(layout, start=cell)[0]:
-            if action not in DIRECTIONS:
-                return "stop or unparsed"
-            dr, dc = DIRECTIONS[action]
-            after = (cell[0] + dr, cell[1] + dc)
-            if layout.walls[after]:
-                return "into a wall"
-            if after == previous:
-                return "reversal"
-            return "start branch" if cell == layout.agent else "junction branch"
-        if action not in DIRECTIONS:  # the solver's stop on the target: solved
-            return None
+        right = action == solve_actions(layout, start=cell)[0]
+        if action not in DIRECTIONS:  # a stop (the solver's only on the target) or no action at all
+            return None if right else "stop or unparsed"
         dr, dc = DIRECTIONS[action]
-        cell, previous = (cell[0] + dr, cell[1] + dc), cell
+        after = (cell[0] + dr, cell[1] + dc)
+        if right:
+            cell, previous = after, cell
+        elif layout.walls[after]:
+            return "into a wall"
+        elif after == previous:
+            return "reversal"
+        else:
+            return "start branch" if cell == layout.agent else "junction branch"
     return None
 
 
