@@ -14,8 +14,14 @@
 
 The local backend builds a checkpoint in a temporary directory and renames it into place,
 then rewrites the marker by rename; SkyRL writes in place and the marker last. Either way a
-reader trusts only the step the marker names, and verifies that directory before use; a
-``global_step_*`` directory is never picked by scanning (scanning is only for pruning).
+reader trusts the step the marker names, and verifies that directory before use.
+
+A resume loads every file of that step first (:func:`find_resume_point`): a file damaged after
+it was written (truncated by a copy, a disk error, a marker edited or emptied by hand) must
+not end the run with a library's traceback, nor be retried as if the cluster had failed. The
+trainer then falls back to the newest older step that loads, says which and why, moves the
+damaged directory aside (``global_step_<N>.damaged``) and points the marker at the intact step
+(:func:`use_resume_point`). Scanning ``global_step_*`` directories happens only there and in pruning.
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ REQUIRED_FILES = (
     str(ADAPTER_SUBDIR / "adapter_config.json"),
     str(ADAPTER_SUBDIR / "adapter_model.safetensors"),
 )
+# what the local backend's resume loads beside the adapter and the trainer state
+LOCAL_POLICY_FILES = ("policy/optimizer.pt", "policy/rng_state.pt")
+DAMAGED_SUFFIX = ".damaged"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
@@ -80,7 +89,10 @@ def read_marker(root: Path) -> int | None:
         return None
     text = marker.read_text().strip()
     if not text.isdigit():
-        raise CheckpointError(f"checkpoint marker {marker} holds {text!r}, not a step number; delete it to restart")
+        raise CheckpointError(
+            f"checkpoint marker {marker} holds {text!r}, not a step number; run the same command again: the "
+            "trainer resumes from the newest intact checkpoint and rewrites the marker"
+        )
     return int(text)
 
 
@@ -99,6 +111,107 @@ def latest(root: Path) -> Checkpoint | None:
     checkpoint = Checkpoint(step, step_dir(root, step))
     verify(checkpoint.path)
     return checkpoint
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a run resumes: the newest intact checkpoint (None: none was ever completed), the
+    damaged steps passed over on the way to it, and why each (or the marker) was passed over."""
+
+    checkpoint: Checkpoint | None
+    damaged: tuple[int, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def fell_back(self) -> bool:
+        return bool(self.notes)
+
+
+def damage(path: Path, extra_files: tuple[str, ...] = ()) -> str | None:
+    """Why the checkpoint directory ``path`` cannot be resumed from, or None when every file loads:
+    the adapter's config and weights, the trainer state (whose step must be the directory's) and
+    ``extra_files`` (the backend's optimizer and RNG state)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_dir():
+        return f"{path} does not exist"
+    missing = [name for name in (*REQUIRED_FILES, *extra_files) if not (path / name).is_file()]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    loads: list[tuple[str, Callable[[Path], Any]]] = [
+        (str(ADAPTER_SUBDIR / "adapter_config.json"), lambda file: dict(json.loads(file.read_text()))),
+        (str(ADAPTER_SUBDIR / "adapter_model.safetensors"), lambda file: load_file(str(file))),
+        *(
+            (name, lambda file: torch.load(file, map_location="cpu", weights_only=True))
+            for name in (TRAINER_STATE, *extra_files)
+        ),
+    ]
+    for name, load in loads:
+        try:
+            value = load(path / name)
+        except Exception as exc:  # noqa: BLE001 - whatever the library says, the file does not load
+            return f"{name} does not load ({type(exc).__name__}: {str(exc)[:200]})"
+        if name == TRAINER_STATE and isinstance(value, dict) and value.get("global_step") not in (None, _step_of(path)):
+            return f"{name} is of step {value.get('global_step')}, not of this directory's"
+    return None
+
+
+def find_resume_point(root: Path, extra_files: tuple[str, ...] = ()) -> ResumePoint:
+    """The newest checkpoint a run can resume from: the marker's step if it loads, else the newest
+    older one that does (reads only; :func:`use_resume_point` acts on it). Raises
+    :class:`CheckpointError` when the marker exists but no step loads."""
+    root = Path(root)
+    marker = root / MARKER
+    if not marker.exists():
+        return ResumePoint(None)
+    text = marker.read_text(errors="replace").strip()
+    named = int(text) if text.isdigit() else None
+    damaged, notes = [], [] if named is not None else [f"the marker {marker.name} holds {text!r}, not a step number"]
+    for step in sorted({*([named] if named is not None else []), *_steps(root)}, reverse=True):
+        if named is not None and step > named:
+            continue  # a step directory the marker never named (a crash before the marker moved)
+        why = damage(step_dir(root, step), extra_files)
+        if why is None:
+            return ResumePoint(Checkpoint(step, step_dir(root, step)), tuple(damaged), tuple(notes))
+        damaged.append(step)
+        notes.append(f"checkpoint step {step} is damaged: {why}")
+    raise CheckpointError(
+        f"no checkpoint in {root} can be resumed from ({'; '.join(notes)}); restore a checkpoint, or start the "
+        "run anew (mazerl run ... --fresh)"
+    )
+
+
+def use_resume_point(root: Path, extra_files: tuple[str, ...], log: Callable[[str], None]) -> Checkpoint | None:
+    """The checkpoint to resume from (:func:`find_resume_point`), with a fallback acted on: each
+    damaged step moved aside, the marker pointed at the intact step, and the reason logged.
+    Call it where no other process writes the checkpoints (the trainer, under its lock)."""
+    root = Path(root)
+    point = find_resume_point(root, extra_files)
+    if not point.fell_back or point.checkpoint is None:
+        return point.checkpoint
+    for step in point.damaged:
+        if step_dir(root, step).is_dir():
+            aside = root / f"global_step_{step}{DAMAGED_SUFFIX}"
+            shutil.rmtree(aside, ignore_errors=True)
+            step_dir(root, step).rename(aside)
+    resumed = point.checkpoint
+    write_text(root / MARKER, str(resumed.step), fsync=True)
+    log(
+        f"{'; '.join(point.notes)}: resuming from step {resumed.step}, the newest intact checkpoint (a damaged "
+        f"step is kept aside as global_step_<N>{DAMAGED_SUFFIX}; the steps after {resumed.step} are trained again)"
+    )
+    return resumed
+
+
+def _steps(root: Path) -> list[int]:
+    """The steps of the ``global_step_<N>`` directories under ``root``."""
+    return [int(m.group(1)) for entry in Path(root).iterdir() if (m := _STEP_DIR.match(entry.name))]
+
+
+def _step_of(path: Path) -> int | None:
+    match = _STEP_DIR.match(Path(path).name)
+    return int(match.group(1)) if match else None
 
 
 def save(

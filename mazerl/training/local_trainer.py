@@ -145,7 +145,7 @@ class LocalGRPOTrainer:
     # ---- set-up and resume -----------------------------------------------------------
 
     def _resume_point(self) -> checkpoints.Checkpoint | None:
-        latest = checkpoints.latest(self.config.checkpoint_dir)
+        latest = checkpoints.use_resume_point(self.config.checkpoint_dir, checkpoints.LOCAL_POLICY_FILES, self.log)
         if latest is None:
             if self.config.resume == "required":
                 raise TrainingConfigError(

@@ -40,7 +40,7 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -98,9 +98,10 @@ def task_runtime_env(tracking_uri: str, run_id: str | None, ship_code: bool) -> 
     return runtime_env
 
 
-def completed_step(config: TrainConfig) -> int | None:
-    """The verified step the checkpoint marker names, or None when there is no checkpoint yet."""
-    latest = checkpoints.latest(config.checkpoint_dir)
+def completed_step(config: TrainConfig, log: Callable[[str], None] = print) -> int | None:
+    """The step SkyRL resumes after (None: no checkpoint yet): the marker's, or the newest intact
+    one where the marker's step is damaged (the marker is pointed at it, :mod:`~mazerl.training.checkpoints`)."""
+    latest = checkpoints.use_resume_point(config.checkpoint_dir, (), log)
     return None if latest is None else latest.step
 
 
