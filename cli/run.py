@@ -19,10 +19,13 @@ the fix), 1 a failure during the run (its record is the failed Prefect flow run)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import re
+import signal
 import sys
+from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -71,8 +74,6 @@ def configure_prefect(root: Path) -> None:
     # Prefect's temporary server gets 20 s to start by default; a busy 2-core laptop needs more
     # (seen: "Timed out while attempting to connect to ephemeral Prefect API server").
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    if not os.environ.get("PREFECT_API_URL"):  # the temporary server Prefect starts: a killed run's is stopped later
-        prefect_server.claim_temporary_server()
     # MLflow's download bars ("Downloading artifacts: 100%|...") when a table artifact is appended to
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
@@ -233,6 +234,14 @@ def check_prefect_api() -> None:
         )
 
 
+class Stopped(BaseException):
+    """SIGTERM outside a flow run (Prefect turns it into ``TerminationSignal`` inside one)."""
+
+
+def _raise_stopped(signum: int, _frame: object) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
 def run_command(args: argparse.Namespace) -> int:
     try:
         params = build_params(args)
@@ -244,8 +253,35 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"error: {describe(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     configure_prefect(root)
-    prefect_server.stop_orphaned_servers(os.environ.get("PREFECT_HOME"), log=print)  # before Prefect starts its own
-    with run_lock, local_ray_head() if params.ray_address is None else nullcontext() as head:
+    signal.signal(signal.SIGTERM, _raise_stopped)  # a `kill` ends the run as Ctrl-C does: records closed, hint
+    try:
+        with run_lock, prefect_api():
+            return _run_pipeline(args, params, root)
+    except (KeyboardInterrupt, Stopped) as exc:  # before or after the flow run: nothing of it to close
+        print(f"\ninterrupted ({type(exc).__name__}): {resume_hint(args)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except prefect_server.PrefectServerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+@contextlib.contextmanager
+def prefect_api() -> Iterator[None]:
+    """The Prefect API of this run: the configured one, or a temporary server of the data root's
+    ``PREFECT_HOME`` in a session of its own (:mod:`cli.prefect_server`), stopped when the block ends."""
+    if os.environ.get("PREFECT_API_URL"):
+        yield
+        return
+    home = os.environ["PREFECT_HOME"]
+    prefect_server.stop_orphaned_servers(home, log=print)  # before this run's server opens the same database
+    timeout = float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
+    with prefect_server.temporary_server(Path(home), timeout):
+        yield
+
+
+def _run_pipeline(args: argparse.Namespace, params: PipelineParams, root: Path) -> int:
+    """The flow run (resumed, or new) on the embedded head or the given cluster; the exit code."""
+    with local_ray_head() if params.ray_address is None else nullcontext() as head:
         if head is not None:
             print(f"local Ray head at {head.address} ({'started' if head.started_here else 'reused'})", flush=True)
         # Prefect, torch and MLflow take seconds to import: only once every input is known to be good
@@ -261,7 +297,7 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"\nerror: the pipeline run failed: {type(exc).__name__}: {describe(exc)}", file=sys.stderr)
             print("its record: prefect flow-run ls --state Failed; prefect flow-run logs <id>", file=sys.stderr)
             return EXIT_BAD_INPUT if isinstance(exc, ValueError) else EXIT_FAILURE
-        except (KeyboardInterrupt, TerminationSignal) as exc:  # Ctrl-C, SIGTERM: Prefect marked the run Crashed
+        except (KeyboardInterrupt, TerminationSignal, Stopped) as exc:  # Ctrl-C, SIGTERM: the run is Crashed
             print(f"\ninterrupted ({type(exc).__name__}): {resume_hint(args)}", file=sys.stderr)
             return EXIT_INTERRUPTED
     print("\n" + "=" * 72 + "\n" + summary.text())
@@ -270,18 +306,27 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def run_or_resume(flow: Any, params: PipelineParams, *, fresh: bool, ray_address: str) -> Any:
-    """Resume the interrupted run of these parameters (or, with ``fresh``, abandon it) and run; the final State."""
+    """Resume the unfinished run of these parameters (or, with ``fresh``, leave it) and run; the final State."""
+    for other in resume.abandoned_runs(flow, params):
+        for closed in resume.close_dead_attempt(other, params):
+            print(f"the interrupted run {other.name}: {closed}", flush=True)
+        print(
+            f"the interrupted run {other.name} has other parameters ({resume.differences(other.params, params)}) and "
+            f"is left as it is; to resume it {other.progress()}, run: {other.resume_command()}",
+            flush=True,
+        )
     interrupted = resume.find_interrupted_run(flow, params)
     if interrupted is not None:
         for closed in resume.close_dead_attempt(interrupted, params):
             print(f"the interrupted run {interrupted.name}: {closed}", flush=True)
         if not fresh:
+            resume.check_recorded_config(interrupted, params)
             print(f"resuming {interrupted.name} {interrupted.progress()} (--fresh starts a new run)", flush=True)
             return resume.resume(flow, interrupted, params)
         stopped = stop_pipeline_jobs(ray_address, interrupted.flow_run_id, ray_headers(ray_address))
         print(
-            f"starting a new run (--fresh); the interrupted run {interrupted.name} stays Crashed, its files stay under "
-            f"{interrupted.run_dir}" + (f"; stopped its Ray jobs {', '.join(stopped)}" if stopped else ""),
+            f"starting a new run (--fresh); the interrupted run {interrupted.name} is left as it ended, its files "
+            f"under {interrupted.run_dir}" + (f"; stopped its Ray jobs {', '.join(stopped)}" if stopped else ""),
             flush=True,
         )
     return flow(params, return_state=True)
