@@ -24,13 +24,14 @@ def verify_cluster(context: RunContext, params: PipelineParams) -> dict:
     logger = get_run_logger()
     config = context.training()
     run_id = context.stage_run_id("verify_cluster")
+    address = context.cluster_address()
     with timed_stage(context, "verify_cluster"), stage_run(context.tracking_uri, run_id):
         report = check_readiness(
-            context.ray_address,
+            address,
             data_root=str(context.root),
             base_model=str(context.base_model),
             eval_set=context.eval_set,
-            headers=ray_headers(context.ray_address),
+            headers=ray_headers(address),
             hyperpod_cluster=params.hyperpod_cluster,
             eval_workers=params.eval_workers,
             eval_gpus_per_worker=params.resolved_eval_gpus(),

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mazerl.cluster.client import ray_headers  # noqa: F401 (tests/test_bad_inputs.py imports it from here)
+from mazerl.cluster.ray_local import ensure_local_head
 from mazerl.run_clock import RunClock
 from mazerl.tracking import lineage
 from mazerl.training.config import TrainConfig
@@ -23,7 +24,9 @@ class RunContext:
     flow_run_id: str
     root: Path
     tracking_uri: str
-    ray_address: str
+    # the cluster given (ray_address), or None: the embedded head, looked up anew at each use
+    # (cluster_address), since a resumed run's head is not the killed one's (another port, perhaps)
+    ray_address: str | None
     base_model: Path
     eval_set: str
     stage_run_ids: dict[str, str]  # MLflow runs known up front by stage name (the eval flow's one run)
@@ -35,6 +38,13 @@ class RunContext:
     jobs_on_stop: str = "auto"
     started_at: float = 0.0  # when the run's first stage started (epoch seconds), for the stage lines' elapsed time
     stage_keys: dict[str, str] = field(default_factory=dict)  # what decides each stage's duration (run_clock.work_keys)
+
+    def cluster_address(self) -> str:
+        """The Ray dashboard address to use now: the cluster given, else the embedded head running
+        now (started if none runs). Never an address an earlier attempt of the flow run cached."""
+        if self.ray_address is not None:
+            return self.ray_address
+        return ensure_local_head().address
 
     @property
     def run_dir(self) -> Path:

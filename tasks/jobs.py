@@ -50,6 +50,7 @@ def run_stage_job(
     job on a node with that much memory.
     """
     logger = get_run_logger()
+    address = context.cluster_address()
 
     def log(line: str) -> None:
         logger.info(rewrite(line) if rewrite is not None else line)
@@ -57,13 +58,13 @@ def run_stage_job(
             on_line(line)
 
     with RayJob(
-        context.ray_address,
+        address,
         module_entrypoint(module, config_path),
         pipeline_run_id=context.flow_run_id,
         attempt=attempt_number(),
         stage=stage,
         env_vars=JOB_ENV | (env_vars or {}),
-        headers=ray_headers(context.ray_address),
+        headers=ray_headers(address),
         log=log,
         hang_timeout_s=hang_timeout_s,
         progress_probe=progress_probe,

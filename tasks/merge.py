@@ -52,8 +52,9 @@ def merge_lora(run: RunContext, trained: TrainOutcome, params: PipelineParams) -
     run_id = run.stage_run_id("merge_lora")
     out_dir = run.run_dir / "merged"
     need = merge_memory(weights_bytes(run.base_model))
+    address = run.cluster_address()
     try:  # the CPUs of the roomiest node that has the memory: the merge's torch threads
-        cpus = merge_cpus(need, cluster_nodes(run.ray_address, ray_headers(run.ray_address)))
+        cpus = merge_cpus(need, cluster_nodes(address, ray_headers(address)))
     except RetryableJobError as exc:
         logger.warning(f"merge_lora: {exc}; asking for 1 CPU")
         cpus = 1

@@ -65,7 +65,7 @@ def prepare(params: PipelineParams) -> RunContext:
     )
     clock = RunClock(root, run_id, keys, config.steps, started)
     logger.info(clock.stage_line("prepare"))
-    address = cluster_address(params.ray_address, logger.info)
+    cluster_address(params.ray_address, logger.info)  # the stages look the embedded head up anew at each use
     runs = start_pipeline_run(
         params.resolved_tracking_uri(),
         params.experiment,
@@ -84,7 +84,7 @@ def prepare(params: PipelineParams) -> RunContext:
         flow_run_id=flow_id,
         root=root,
         tracking_uri=runs.tracking_uri,
-        ray_address=address,
+        ray_address=params.ray_address,
         base_model=base_model,
         eval_set=params.resolved_eval_set(),
         stage_run_ids={},  # each stage opens (or, on a retry, finds) its own run when it starts
@@ -140,7 +140,7 @@ def prepare_eval(params: EvalParams) -> tuple[RunContext, Path]:
     else:
         model_dir = Path(model_version_dir(tracking_uri, params.registered_model, params.version))
         logger.info(f"{params.registered_model} {params.version} -> {model_dir}")
-    address = cluster_address(params.ray_address, logger.info)
+    cluster_address(params.ray_address, logger.info)
     flow_id = str(flow_run.id or "local")
     run_id = run_id_for(str(flow_run.name or "eval"), flow_id)
     mlflow_run = start_eval_run(
@@ -151,7 +151,7 @@ def prepare_eval(params: EvalParams) -> tuple[RunContext, Path]:
         flow_run_id=flow_id,
         root=root,
         tracking_uri=tracking_uri,
-        ray_address=address,
+        ray_address=params.ray_address,
         base_model=model_dir,
         eval_set=params.eval_set,
         stage_run_ids={"final_eval": mlflow_run},  # the eval logs into the run itself: there is no parent

@@ -31,7 +31,7 @@ from mazerl.tracking.artifacts import log_config_file
 from mazerl.tracking.lineage import stage_run
 from mazerl.tracking.params import log_params
 from mazerl.training import checkpoints
-from mazerl.training.config import TrainConfig, record_config
+from mazerl.training.config import TrainConfig, check_unedited, record_config
 from mazerl.training.progress import TrainingProgress
 from mazerl.training.skyrl_backend import placement_bundles
 from tasks.context import RunContext, ray_headers
@@ -88,9 +88,10 @@ def _train(run: RunContext, params: PipelineParams, baseline: EvalReport | None)
     run_id = run.stage_run_id("train")
     config = run.training()
     config = config.model_copy(update={"mlflow": config.mlflow.model_copy(update={"run_id": run_id})})
+    check_unedited(config)  # a resumed run trains what it started with, or says why not
     config_path = record_config(config)  # where the job reads it
     progress, progress_id, on_line = _progress_artifact(run, config)
-    resumed = checkpoints.latest(config.checkpoint_dir)
+    resumed_from = _marker_step(config)
     clock = run.clock()
     greedy_baseline = None
     attempt = attempt_number()
@@ -137,8 +138,16 @@ def _train(run: RunContext, params: PipelineParams, baseline: EvalReport | None)
         steps=config.steps,
         metrics_jsonl=config.run_dir / "metrics.jsonl",
         submission_id=outcome.submission_id,
-        resumed_from=resumed.step if resumed else 0,
+        resumed_from=resumed_from,
     )
+
+
+def _marker_step(config: TrainConfig) -> int:
+    """The step the checkpoint marker names (0: none, or a marker the trainer will repair on resume)."""
+    try:
+        return checkpoints.read_marker(config.checkpoint_dir) or 0
+    except checkpoints.CheckpointError:
+        return 0
 
 
 def _progress_artifact(run: RunContext, config: TrainConfig) -> tuple[TrainingProgress, UUID, Callable[[str], None]]:
@@ -168,20 +177,21 @@ def _wait_for_the_cluster(
     logger: logging.Logger | logging.LoggerAdapter,
 ) -> None:
     """A retry resubmits only once the cluster has what the job asks for; a timeout says how to resume."""
+    address = run.cluster_address()
     try:
         wait_for_resources(
-            run.ray_address,
+            address,
             job_need(config, params.local_train_gpus),
             pipeline_run_id=run.flow_run_id,
             attempt=attempt,
             stage="train",
             timeout_s=params.resource_wait_s,
             report_every_s=capacity.REPORT_EVERY_S,
-            headers=ray_headers(run.ray_address),
+            headers=ray_headers(address),
             log=logger.info,
         )
     except ResourcesUnavailableError as exc:
-        step = checkpoints.read_marker(config.checkpoint_dir) or 0
+        step = _marker_step(config)
         raise ResourcesUnavailableError(
             f"train: {exc}. The checkpoint at step {step} is kept: once the cluster has them again, retry this "
             f"flow run (prefect flow-run retry {flow_run.id}) and training resumes after step {step}; "

@@ -151,9 +151,15 @@ def test_the_latest_interrupted_run_of_the_same_parameters_is_found_and_its_dead
     assert (found.flow_run_id, found.state) == (str(killed.id), "RUNNING"), found
     assert found.run_dir == mlflow_root / "runs" / f"{killed.name}-{str(killed.id)[:8]}"
     assert found.progress().startswith("(it stopped before its first training checkpoint")
-    found.run_dir.joinpath("checkpoints").mkdir(parents=True)
-    found.run_dir.joinpath("checkpoints", checkpoints.MARKER).write_text("4")
+    from test_checkpoints import write_fake
+
+    checkpoints.save(found.run_dir / "checkpoints", 4, write_fake(4), keep=2)
     assert found.progress() == "from step 4"
+    (found.run_dir / "checkpoints" / checkpoints.MARKER).write_text("")  # half-written by hand: said, not fatal
+    assert (
+        found.progress()
+        == "from step 4 (the marker latest_ckpt_global_step.txt holds '', not a step number; the trainer falls back past it)"
+    )
     # and closing its dead attempt marks its flow run and task run Crashed and its MLflow runs KILLED.
     closed = close_dead_attempt(found, params)
     assert [line.split(" ", 2)[:2] for line in closed] == [["flow", "run"], ["task", "runs"], ["MLflow", "runs"]]

@@ -32,8 +32,13 @@ def is_loopback_host(host: str | None) -> bool:
 
 
 def port_free(port: int) -> bool:
-    """Whether ``port`` can be bound on the loopback address now."""
+    """Whether a server can bind ``port`` on the loopback address now.
+
+    Probed with ``SO_REUSEADDR``, as the servers that take it bind (the Ray dashboard's aiohttp):
+    a port whose last connections still sit in TIME_WAIT after its server was killed is free
+    for them, so a head started again at once keeps its usual port instead of moving."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((LOOPBACK, port))
         except OSError:

@@ -384,6 +384,33 @@ def save_config(config: TrainConfig, path: str | os.PathLike) -> Path:
     return atomic.write_text(Path(path), config.model_dump_json(indent=2))
 
 
+def check_unedited(config: TrainConfig) -> None:
+    """Refuse to resume a run whose ``train_config.json`` was edited after the run wrote it.
+
+    A pipeline run's settings come from its parameters, and the train stage writes them into that
+    file for its job: an edit there would be overwritten without a word, and the resumed steps
+    would not train what the user believes. Only the settings count (not the names a run gives it).
+    """
+    path = config.run_dir / "train_config.json"
+    try:
+        recorded = load_config(path)
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as exc:
+        recorded, problem = None, f"cannot be read as a training config ({exc})"
+    if recorded is not None:
+        if recorded.identity()["config_digest"] == config.identity()["config_digest"]:
+            return
+        theirs, ours = recorded.model_dump(mode="json"), config.model_dump(mode="json")
+        changed = sorted(key for key in ours if key not in ("run_id", "mlflow") and theirs.get(key) != ours[key])
+        problem = f"was edited after the run wrote it ({', '.join(changed)} differ from the run's parameters)"
+    raise TrainingConfigError(
+        f"{path} {problem}; a run keeps the settings it started with: undo the edit (or delete the file: the run "
+        "writes it again from its parameters), or start a new run with the new settings (--training "
+        "'{\"<field>\": <value>}' --fresh)"
+    )
+
+
 def record_config(config: TrainConfig) -> Path:
     """``<run dir>/train_config.json``: the config a run trains with, beside its checkpoints.
 
