@@ -15,9 +15,9 @@ from mazerl.atomic import install_dir
 from mazerl.preflight.data_root import check_data_root
 from mazerl.preflight.input_error import InputError
 from mazerl.starter.shipped import SHIPPED_DIR, directory_digest
+from mazerl.training.config import MAX_SEED
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
-MAX_SEED = 2**32 - 1  # numpy's legacy seeding, used by the build, takes 0 .. 2**32 - 1
 
 
 def add_build_starter_command(subparsers: argparse._SubParsersAction) -> None:

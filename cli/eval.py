@@ -23,7 +23,7 @@ from mazerl import paths
 from mazerl.cluster.errors import ConfigError
 from mazerl.cluster.head_dir import check_temp_dir
 from mazerl.evaluation.on_cluster import evaluate_as_job, is_job_server_address
-from mazerl.evaluation.settings import EvalSettings
+from mazerl.evaluation.settings import EvalSettings, check_max_eval_mazes
 from mazerl.preflight.data_root import check_data_root, check_root_env
 from mazerl.preflight.input_error import InputError
 from mazerl.preflight.model_dir import check_base_model
@@ -107,6 +107,10 @@ def check_eval_flags(args: argparse.Namespace) -> tuple[Path, str, Path]:
         load(eval_set)
     except EvalSetError as exc:
         raise InputError("--eval-set", f"--eval-set {eval_set}: {exc}") from exc
+    try:
+        check_max_eval_mazes(args.max_mazes, eval_set, "--max-mazes")
+    except ValueError as exc:
+        raise InputError("--max-mazes", str(exc)) from None
     if args.adapter is not None:
         adapter = Path(args.adapter).expanduser()
         missing = [name for name in ADAPTER_FILES if not (adapter / name).is_file()]

@@ -1059,6 +1059,55 @@ INPUT_CASES = [
         "training.lora.target_modules",
         "name the linear layers to adapt",
     ),
+    # training values past anything a machine can run
+    InputCase(
+        "run: max_turns 10^5",
+        lambda i: RUN + ["--training", '{"max_turns": 100000}'],
+        "training.max_turns",
+        "less than or equal to 1000",
+    ),
+    InputCase(
+        "run: grpo.max_new_tokens 10^5",
+        lambda i: RUN + ["--training", '{"grpo": {"max_new_tokens": 100000}}'],
+        "training.grpo.max_new_tokens",
+        "less than or equal to 4096",
+    ),
+    InputCase(
+        "run: grpo.samples_per_maze 10^5",
+        lambda i: RUN + ["--training", '{"grpo": {"samples_per_maze": 100000}}'],
+        "training.grpo.samples_per_maze",
+        "less than or equal to 256",
+    ),
+    InputCase(
+        "run: torch_threads 10^5",
+        lambda i: RUN + ["--training", '{"torch_threads": 100000}'],
+        "training.torch_threads",
+        "less than or equal to 256",
+    ),
+    InputCase(
+        "run: seed past 2^32",
+        lambda i: RUN + ["--training", '{"seed": 4294967296}'],
+        "training.seed",
+        "less than or equal to 4294967295",
+    ),
+    InputCase(
+        "run: seed negative",
+        lambda i: RUN + ["--training", '{"seed": -1}'],
+        "training.seed",
+        "greater than or equal to 0",
+    ),
+    InputCase(
+        "run: --max-eval-mazes above the eval set's size",
+        lambda i: RUN + ["--max-eval-mazes", "300"],
+        "max_eval_mazes",
+        "more than eval set maze256-small-v1 holds (256 mazes); lower max_eval_mazes to at most 256",
+    ),
+    InputCase(
+        "eval: --max-mazes above the eval set's size",
+        lambda i: EVAL + ["--model", i.model("ok"), "--max-mazes", "300"],
+        "--max-mazes",
+        "lower --max-mazes to at most 256",
+    ),
     InputCase(
         "eval: --model tokenizer.json that does not parse",
         lambda i: EVAL + ["--model", i.model("tok", garbage("tokenizer.json"))],
@@ -1170,6 +1219,9 @@ INPUT_CASES = [
     ),
     InputCase("demo: --seed negative", lambda i: ["demo", "--seed", "-1"], "--seed", "must be between 0 and"),
     InputCase("demo: --size even", lambda i: ["demo", "--size", "8"], "--size", "use an odd integer >= 5"),
+    InputCase(
+        "demo: --size 10^6", lambda i: ["demo", "--size", "1000001"], "--size", "use an odd integer from 5 to 99"
+    ),
 ]
 
 
