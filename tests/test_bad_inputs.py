@@ -141,9 +141,12 @@ def edited_eval_set_with_its_digest_recomputed(w: World) -> None:
     w.monkeypatch.setattr(evalset, "DATA_DIR", data)
 
 
-def truncated_weights(model: Path) -> Path:
-    """The model directory as a copy that stopped early: its weights file is cut in half."""
-    weights = model / "model.safetensors"
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+
+
+def truncated_weights(model: Path, name: str = "model.safetensors") -> Path:
+    """The model (or adapter) directory as a copy that stopped early: its weights file is cut in half."""
+    weights = model / name
     with open(weights, "r+b") as handle:
         handle.truncate(weights.stat().st_size // 2)
     return model
@@ -534,6 +537,31 @@ def fake_model(directory: Path, damage: str) -> str:
     return str(model)
 
 
+def lora_adapter(
+    directory: Path, name: str, config_rank: int = 4, edit: Callable[[Path], object] = lambda _: None
+) -> str:
+    """A rank-4 LoRA adapter of one layer whose config names ``config_rank``, then edited."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    adapter = directory / name
+    adapter.mkdir()
+    layer = "base_model.model.model.language_model.layers.0.self_attn.q_proj"
+    weights = {
+        f"{layer}.lora_A.weight": np.zeros((4, 64), np.float32),
+        f"{layer}.lora_B.weight": np.zeros((64, 4), np.float32),
+    }
+    save_file(weights, str(adapter / ADAPTER_WEIGHTS))
+    config = {"peft_type": "LORA", "r": config_rank, "lora_alpha": 8, "target_modules": ["q_proj"]}
+    (adapter / ADAPTER_CONFIG).write_text(json.dumps(config))
+    edit(adapter)
+    return str(adapter)
+
+
+def cut_adapter(adapter: Path) -> None:
+    truncated_weights(adapter, ADAPTER_WEIGHTS)
+
+
 def fifo(directory: Path, name: str) -> str:
     """A named pipe nobody writes to: reading it would block the command forever."""
     os.mkfifo(directory / name)
@@ -736,7 +764,7 @@ CLI_CASES = [
         "eval: --adapter without adapter files",
         lambda d, _: EVAL + ["--model", fake_model(d, "ok"), "--adapter", adapter_without_files(d)],
         "--adapter",
-        "pass a PEFT adapter directory",
+        "a PEFT adapter directory holds adapter_config.json and adapter_model.safetensors",
     ),
     CliCase(
         "eval: --model with a garbage config.json",
@@ -1109,6 +1137,35 @@ INPUT_CASES = [
         "lower --max-mazes to at most 256",
     ),
     InputCase(
+        "eval: --engine vllm on a machine without a GPU",
+        lambda i: (
+            i.monkeypatch.setattr("torch.cuda.device_count", lambda: 0),
+            EVAL + ["--model", i.model("ok"), "--engine", "vllm"],
+        )[1],
+        "--engine vllm",
+        "give --ray-address of a Ray cluster with GPUs, or use --engine hf",
+    ),
+    InputCase(
+        "eval: --adapter whose config names another rank",
+        lambda i: EVAL + ["--model", i.model("ok"), "--adapter", lora_adapter(i.dir, "rank", config_rank=8)],
+        "--adapter",
+        "r=8, but adapter_model.safetensors holds",
+    ),
+    InputCase(
+        "eval: --adapter with truncated weights",
+        lambda i: EVAL + ["--model", i.model("ok"), "--adapter", lora_adapter(i.dir, "cut", edit=cut_adapter)],
+        "--adapter",
+        "lacks a complete adapter_model.safetensors (it is truncated",
+    ),
+    InputCase(
+        "eval: --adapter config that does not parse",
+        lambda i: (
+            EVAL + ["--model", i.model("ok"), "--adapter", lora_adapter(i.dir, "bad", edit=garbage(ADAPTER_CONFIG))]
+        ),
+        "--adapter",
+        "is not valid JSON",
+    ),
+    InputCase(
         "eval: --model tokenizer.json that does not parse",
         lambda i: EVAL + ["--model", i.model("tok", garbage("tokenizer.json"))],
         "tokenizer.json",
@@ -1468,6 +1525,26 @@ def test_ray_address_in_the_environment_is_refused_only_where_ray_could_not_pars
         with pytest.raises(InputError, match="unset RAY_ADDRESS") as caught:
             check_ray_address_env()
         assert SECRET not in str(caught.value), str(caught.value)
+
+
+def test_an_adapter_peft_saved_passes_the_adapter_check_and_one_with_another_config_does_not(tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    from mazerl.policy.loader import load_policy
+    from mazerl.preflight.input_error import InputError
+    from mazerl.preflight.model_dir import check_adapter
+    from mazerl.starter.shipped import SHIPPED_DIR
+
+    # Given an adapter as PEFT saves it, rank 4 but 8 for q_proj (rank_pattern),
+    model = load_policy(SHIPPED_DIR, device="cpu").model
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], rank_pattern={"q_proj": 8})
+    get_peft_model(model, lora).save_pretrained(tmp_path / "adapter")
+    # then the check passes it,
+    check_adapter(tmp_path / "adapter")
+    # and refuses it once its config says rank 4 throughout.
+    edit_json(ADAPTER_CONFIG, lambda config: config.update(rank_pattern={}))(tmp_path / "adapter")
+    with pytest.raises(InputError, match=r"names rank r=4, but .*q_proj\.lora_A\.weight of shape \[8, "):
+        check_adapter(tmp_path / "adapter")
 
 
 def test_a_sagemaker_arn_passes_the_preflight_once_its_plugin_is_importable_without_asking_aws(monkeypatch):
