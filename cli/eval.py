@@ -96,7 +96,7 @@ def check_eval_flags(args: argparse.Namespace) -> tuple[Path, str, Path]:
             raise InputError(flag, f"{flag} {value} must be >= {minimum}")
     if args.history_images is not None and args.history_images != "all" and args.history_images < 1:
         raise InputError("--history-images", f"--history-images {args.history_images} must be 'all' or >= 1")
-    model = Path(args.model).expanduser().resolve()
+    model = paths.absolute_path(args.model)
     eval_set = args.eval_set
     if eval_set is None:
         eval_set = recorded_eval_set(model)

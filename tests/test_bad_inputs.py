@@ -1226,6 +1226,42 @@ INPUT_CASES = [
         "more than the 255 the file system",
     ),
     InputCase(
+        "run: --data-root empty",
+        lambda i: RUN + ["--data-root", ""],
+        "data_root (--data-root) is empty",
+        "leave it out for $MAZERL_HOME or ./.mazerl",
+    ),
+    InputCase(
+        "run: --data-root with a '?'",
+        lambda i: RUN + ["--data-root", f"{i.dir}/data?root"],
+        "data_root",
+        "starts a query in a URI",
+    ),
+    InputCase(
+        "run: MAZERL_HOME with a '%'",
+        lambda i: (i.env("MAZERL_HOME", f"{i.dir}/data%41root"), RUN)[1],
+        "MAZERL_HOME",
+        "without ?, # or %",
+    ),
+    InputCase(
+        "run: --data-root a loop of symbolic links",
+        lambda i: (os.symlink(i.dir / "loop", i.dir / "loop"), RUN + ["--data-root", str(i.dir / "loop")])[1],
+        "data_root",
+        "is a loop of symbolic links",
+    ),
+    InputCase(
+        "run: --data-root on a full disk",
+        lambda i: (i.monkeypatch.setattr(shutil, "disk_usage", full_disk), RUN)[1],
+        "data_root",
+        "free space there, or choose a directory",
+    ),
+    InputCase(
+        "run: TMPDIR that does not exist",
+        lambda i: (i.env("TMPDIR", str(i.dir / "no-such-tmp")), RUN)[1],
+        "TMPDIR",
+        "unset it (unset TMPDIR)",
+    ),
+    InputCase(
         "run: MAZERL_DATA_ROOT_MODE not a mode",
         lambda i: (i.env("MAZERL_DATA_ROOT_MODE", "rwx"), RUN)[1],
         "MAZERL_DATA_ROOT_MODE",
@@ -1280,6 +1316,11 @@ INPUT_CASES = [
         "demo: --size 10^6", lambda i: ["demo", "--size", "1000001"], "--size", "use an odd integer from 5 to 99"
     ),
 ]
+
+
+def full_disk(path: str | os.PathLike) -> tuple[int, int, int]:
+    """``shutil.disk_usage`` of a file system with 12 KiB left (what a data root on a full disk sees)."""
+    return shutil._ntuple_diskusage(2**30, 2**30 - 12 * 2**10, 12 * 2**10)
 
 
 def recorder_of_refusals(attempted: list[str]):

@@ -344,7 +344,7 @@ class TrainConfig(StrictModel):
     @field_validator("data_root", "base_model")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
-        return Path(value).expanduser().resolve()
+        return paths.absolute_path(value)
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> TrainConfig:
