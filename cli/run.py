@@ -22,6 +22,7 @@ import argparse
 import logging
 import os
 import re
+import shlex
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -290,23 +291,24 @@ def run_or_resume(flow: Any, params: PipelineParams, *, fresh: bool, ray_address
 def resume_hint(args: argparse.Namespace) -> str:
     """What to type to continue an interrupted run: the same command."""
     mazerl = paths.venv_command("mazerl")
-    again = " ".join([mazerl, *sys.argv[1:]]) if sys.argv[1:2] == ["run"] else f"{mazerl} run with the same flags"
+    again = f"{mazerl} {shlex.join(sys.argv[1:])}" if sys.argv[1:2] == ["run"] else f"{mazerl} run with the same flags"
     return f"run the same command again ({again}) to resume from the last checkpoint, or add --fresh to start over"
 
 
 def closing_hints(tracking_uri: str, root: Path, *, embedded_head: bool) -> str:
-    """How to look at the run, and the state of the embedded Ray head, as commands that work pasted."""
-    mazerl = paths.venv_command("mazerl")
+    """How to look at the run, and the state of the embedded Ray head, as commands that work pasted (shell-quoted:
+    a data root may hold spaces)."""
+    mazerl, mlflow, quote = paths.venv_command("mazerl"), paths.venv_command("mlflow"), shlex.quote
     if tracking_uri == paths.mlflow_db_uri(root):
         lines = [
-            f"Look at it: {mazerl} ui --data-root {root}",
-            f"  (the same as {paths.venv_command('mlflow')} ui --backend-store-uri {tracking_uri} "
-            f"--default-artifact-root {paths.mlflow_artifacts_dir(root)})",
+            f"Look at it: {mazerl} ui --data-root {quote(str(root))}",
+            f"  (the same as {mlflow} ui --backend-store-uri {quote(tracking_uri)} "
+            f"--default-artifact-root {quote(str(paths.mlflow_artifacts_dir(root)))})",
         ]
     elif tracking_uri.startswith(("http://", "https://")):
         lines = [f"Look at it: {tracking_uri}"]
     else:
-        lines = [f"Look at it: {paths.venv_command('mlflow')} ui --backend-store-uri {tracking_uri}"]
+        lines = [f"Look at it: {mlflow} ui --backend-store-uri {quote(tracking_uri)}"]
     if embedded_head:
         head = find_local_head()
         if head is None:

@@ -123,16 +123,18 @@ def mlflow_artifacts_dir(root: Path) -> Path:
 
 
 def venv_command(name: str) -> str:
-    """How to call this environment's console script ``name`` from the current directory.
+    """How to call this environment's console script ``name`` from the current directory, shell-quoted.
 
     ``mlflow`` or ``mazerl`` alone is not on the PATH outside an activated venv, so hints
     printed for the user name the script beside this Python (``.venv/bin/mlflow`` when the venv
-    lies under the working directory, its absolute path otherwise).
+    lies under the working directory, its absolute path otherwise), quoted so the hint works pasted
+    into a shell wherever the venv lies (a path with spaces).
     """
+    import shlex
     import sys
 
     script = Path(sys.executable).parent / name
     try:
-        return str(script.relative_to(Path.cwd()))
+        return shlex.quote(str(script.relative_to(Path.cwd())))
     except ValueError:
-        return str(script)
+        return shlex.quote(str(script))

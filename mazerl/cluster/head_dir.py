@@ -70,8 +70,8 @@ def check_temp_dir(temp_dir: str | os.PathLike | None = None) -> Path:
     if mode & 0o022:
         raise UnsafeTempDirError(
             f"the local Ray head's temp dir {temp} has mode {mode:04o}: other users can write into it and could "
-            f"have replaced the head's registry or token. Check it and remove it (rm -rf {temp}), or make it "
-            f"private again (chmod 700 {temp}), then run again"
+            f"have replaced the head's registry or token. Check it and remove it (rm -rf {shlex.quote(str(temp))}), or "
+            f"make it private again (chmod 700 {shlex.quote(str(temp))}), then run again"
         )
     return temp
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import os
+import shlex
 import ssl
 import tempfile
 from pathlib import Path
@@ -124,7 +125,7 @@ def _check_sqlite_store(uri: str, *, embedded: bool) -> None:
             raise _tracking_error(
                 uri,
                 f"the database's directory {directory} does not exist",
-                f"create it (mkdir -p {directory}) or {fix}",
+                f"create it (mkdir -p {shlex.quote(str(directory))}) or {fix}",
             )
         try:  # tried, not guessed from permission bits
             fd, probe = tempfile.mkstemp(prefix=".mazerl-probe-", dir=directory)
