@@ -1310,6 +1310,25 @@ INPUT_CASES = [
         "--ray-address",
         "RAY_AUTH_TOKEN",
     ),
+    InputCase("ui: --port out of range", lambda i: ["ui", "--port", "70000"], "--port 70000", "from 1 to 65535"),
+    InputCase(
+        "ui: --host that does not resolve",
+        lambda i: ["ui", "--host", "no-such-host.invalid"],
+        "--host 'no-such-host.invalid' does not resolve",
+        "give an address of this machine to listen on",
+    ),
+    InputCase(
+        "ui: mlflow.db that is not SQLite",
+        lambda i: (i.root.mkdir(), write(i.root, "mlflow.db", "plain text"), ["ui"])[-1],
+        "mlflow.db is not a SQLite database",
+        "give --data-root (or $MAZERL_HOME) of a run's data root",
+    ),
+    InputCase(
+        "ui: --data-root empty",
+        lambda i: ["ui", "--data-root", ""],
+        "data_root (--data-root) is empty",
+        "leave it out for $MAZERL_HOME",
+    ),
     InputCase("demo: --seed negative", lambda i: ["demo", "--seed", "-1"], "--seed", "must be between 0 and"),
     InputCase("demo: --size even", lambda i: ["demo", "--size", "8"], "--size", "use an odd integer >= 5"),
     InputCase(
@@ -1338,7 +1357,7 @@ def recorder_of_refusals(attempted: list[str]):
 
 @pytest.fixture
 def refused_work(monkeypatch):
-    """Prefect, the Ray head, an eval and a model load, each replaced by a recorded refusal."""
+    """Prefect, the Ray head, an eval, a model load and the MLflow UI, each replaced by a recorded refusal."""
     from transformers import PreTrainedModel
 
     import cli.run
@@ -1347,6 +1366,7 @@ def refused_work(monkeypatch):
     refuse = recorder_of_refusals(attempted)
 
     monkeypatch.setattr(cli.run, "configure_prefect", refuse("Prefect"))
+    monkeypatch.setattr(os, "execve", refuse("MLflow UI"))  # mazerl ui: the UI takes over the process
     monkeypatch.setattr(cli.run, "local_ray_head", refuse("Ray head start"))
     monkeypatch.setattr("mazerl.evaluation.evaluate.evaluate", refuse("eval"))
     monkeypatch.setattr("mazerl.policy.loader.load_policy", refuse("model load"))
