@@ -1299,6 +1299,30 @@ INPUT_CASES = [
         "not as a Prefect API",
     ),
     InputCase(
+        "run: PREFECT_API_URL malformed IPv6",
+        lambda i: (i.env("PREFECT_API_URL", "http://[::1:4200/api"), RUN)[1],
+        "PREFECT_API_URL",
+        "is not a valid address (Invalid IPv6 URL); start the server",
+    ),
+    InputCase(
+        "run: PREFECT_HOME a file",
+        lambda i: (i.env("PREFECT_HOME", write(i.dir, "prefect-home", "x")), RUN)[1],
+        "PREFECT_HOME",
+        "unset it (unset PREFECT_HOME)",
+    ),
+    InputCase(
+        "run: PREFECT_HOME not writable",
+        lambda i: (i.env("PREFECT_HOME", "/proc/prefect-home"), RUN)[1],
+        "PREFECT_HOME",
+        "is not writable",
+    ),
+    InputCase(
+        "run: PREFECT_LOGGING_LEVEL unknown",
+        lambda i: (i.env("PREFECT_LOGGING_LEVEL", "LOUD"), RUN)[1],
+        "PREFECT_LOGGING_LEVEL",
+        "give one of DEBUG, INFO, WARNING, ERROR, CRITICAL",
+    ),
+    InputCase(
         "eval: RAY_ADDRESS garbage",
         lambda i: (i.env("RAY_ADDRESS", "garbage"), EVAL + ["--model", i.model("ok")])[1],
         "RAY_ADDRESS",

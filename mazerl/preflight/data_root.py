@@ -25,18 +25,20 @@ URI_SPECIAL = {"?": "a query", "#": "a fragment", "%": "an escape"}
 MIN_FREE_BYTES = 64 * 2**20
 
 
-def check_data_root(root: Path, field: str = "data_root") -> None:
+def check_data_root(root: Path, field: str = "data_root", fix: str | None = None) -> None:
     """The directory exists and is writable, or can be created (tried, and nothing is left to find out).
 
-    ``field`` is the name the user gave it by (``data_root``, ``MAZERL_HOME``; ``--out`` for a command's output).
+    ``field`` is the name the user gave it by (``data_root``, ``MAZERL_HOME``; ``--out`` for a command's output,
+    ``PREFECT_HOME``); ``fix``, what every refusal ends with (by default: choose another directory for ``field``).
     """
     root = Path(root)
     is_root = field in ("data_root", paths.ROOT_ENV_VAR)
-    fix = (
-        "choose a directory you can write with data_root (--data-root) or MAZERL_HOME"
-        if is_root
-        else f"choose a directory you can write for {field}"
-    )
+    if fix is None:
+        fix = (
+            "choose a directory you can write with data_root (--data-root) or MAZERL_HOME"
+            if is_root
+            else f"choose a directory you can write for {field}"
+        )
     char = control_character(str(root))
     if char:
         raise InputError(field, f"{field}={str(root)!r} holds a control character ({char}); {fix}")
