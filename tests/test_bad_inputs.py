@@ -1348,6 +1348,12 @@ INPUT_CASES = [
         "give --data-root (or $MAZERL_HOME) of a run's data root",
     ),
     InputCase(
+        "build-starter: --data-root empty",
+        lambda i: BUILD + ["--data-root", ""],
+        "data_root (--data-root) is empty",
+        "leave it out for $MAZERL_HOME",
+    ),
+    InputCase(
         "ui: --data-root empty",
         lambda i: ["ui", "--data-root", ""],
         "data_root (--data-root) is empty",
