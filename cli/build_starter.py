@@ -12,12 +12,12 @@ import tempfile
 from pathlib import Path
 
 from mazerl.atomic import install_dir
-from mazerl.preflight.data_root import check_data_root
+from mazerl.preflight.data_root import check_data_root, check_root_env
 from mazerl.preflight.input_error import InputError
 from mazerl.starter.shipped import SHIPPED_DIR, directory_digest
+from mazerl.training.config import MAX_SEED
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
-MAX_SEED = 2**32 - 1  # numpy's legacy seeding, used by the build, takes 0 .. 2**32 - 1
 
 
 def add_build_starter_command(subparsers: argparse._SubParsersAction) -> None:
@@ -43,6 +43,7 @@ def check_build_flags(args: argparse.Namespace) -> Path:
     if args.out is not None:
         out = Path(args.out).expanduser().resolve()
     else:
+        check_root_env(args.data_root)  # an empty --data-root (or MAZERL_HOME) is refused, not read as ./.mazerl
         from mazerl.starter.build import starter_dir  # imports torch: only when it is needed
 
         out = starter_dir(args.data_root)

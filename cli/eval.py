@@ -23,10 +23,10 @@ from mazerl import paths
 from mazerl.cluster.errors import ConfigError
 from mazerl.cluster.head_dir import check_temp_dir
 from mazerl.evaluation.on_cluster import evaluate_as_job, is_job_server_address
-from mazerl.evaluation.settings import EvalSettings
+from mazerl.evaluation.settings import EvalSettings, check_max_eval_mazes
 from mazerl.preflight.data_root import check_data_root, check_root_env
 from mazerl.preflight.input_error import InputError
-from mazerl.preflight.model_dir import check_base_model
+from mazerl.preflight.model_dir import check_adapter, check_base_model
 from mazerl.preflight.ray_address import check_ray_address, check_ray_address_env, check_ray_address_form_as
 from mazerl.starter.record import RECORD_FILE
 
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from mazerl.evaluation.evaluate import EvalReport
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 def _history(value: str) -> int | str:
@@ -97,7 +96,7 @@ def check_eval_flags(args: argparse.Namespace) -> tuple[Path, str, Path]:
             raise InputError(flag, f"{flag} {value} must be >= {minimum}")
     if args.history_images is not None and args.history_images != "all" and args.history_images < 1:
         raise InputError("--history-images", f"--history-images {args.history_images} must be 'all' or >= 1")
-    model = Path(args.model).expanduser().resolve()
+    model = paths.absolute_path(args.model)
     eval_set = args.eval_set
     if eval_set is None:
         eval_set = recorded_eval_set(model)
@@ -107,15 +106,9 @@ def check_eval_flags(args: argparse.Namespace) -> tuple[Path, str, Path]:
         load(eval_set)
     except EvalSetError as exc:
         raise InputError("--eval-set", f"--eval-set {eval_set}: {exc}") from exc
+    check_max_eval_mazes(args.max_mazes, eval_set, "--max-mazes")
     if args.adapter is not None:
-        adapter = Path(args.adapter).expanduser()
-        missing = [name for name in ADAPTER_FILES if not (adapter / name).is_file()]
-        if missing:
-            raise InputError(
-                "--adapter",
-                f"--adapter {args.adapter} lacks {', '.join(missing)}; pass a PEFT adapter directory (a "
-                "checkpoint's policy/lora_adapter)",
-            )
+        check_adapter(Path(args.adapter).expanduser(), field="--adapter")
     root_field = check_root_env(args.data_root)
     out = Path(args.out).expanduser() if args.out else paths.data_root(args.data_root) / "evals" / model.name / eval_set
     if out.exists() and not out.is_dir():
@@ -126,9 +119,31 @@ def check_eval_flags(args: argparse.Namespace) -> tuple[Path, str, Path]:
     else:  # evaluate() then connects to RAY_ADDRESS when it is set (Ray's own variable)
         check_ray_address_env()
     check_base_model(model, field="--model")
+    check_engine(args.engine, args.ray_address)
     if args.ray_address is None:
         check_temp_dir()  # last: it makes the (private) directory when it is fine
     return model, eval_set, out
+
+
+def check_engine(engine: str, ray_address: str | None) -> None:
+    """The engine can run where the eval runs; the one place that decides it.
+
+    vLLM's eval workers each ask Ray for a GPU: on the embedded head of a machine without one they
+    would wait for it forever (the bar at ``0maze`` for minutes, no message), so that is refused
+    before anything starts. A cluster (``--ray-address``, or ``RAY_ADDRESS``) counts its own GPUs.
+    vLLM's CPU build, once it is supported, is the setting this check reads.
+    """
+    if engine != "vllm" or ray_address is not None or os.environ.get("RAY_ADDRESS"):
+        return
+    import torch  # lazy: seconds; the model check before this one has imported it already
+
+    if torch.cuda.device_count() == 0:
+        raise InputError(
+            "--engine",
+            "--engine vllm: this machine has no GPU, and each vLLM eval worker needs one (on the embedded Ray head "
+            "it would wait for one forever); run it on a machine with a GPU, give --ray-address of a Ray cluster "
+            "with GPUs, or use --engine hf (CPU)",
+        )
 
 
 def recorded_eval_set(model: Path) -> str:

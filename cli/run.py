@@ -23,27 +23,25 @@ import contextlib
 import logging
 import os
 import re
+import shlex
 import signal
 import sys
 from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from pydantic import ValidationError
 
 from cli import prefect_server, resume
+from cli.prefect_env import check_prefect_env
 from mazerl import paths
-from mazerl.address_forms import control_character, redacted
 from mazerl.cluster.client import ray_headers
 from mazerl.cluster.head_dir import check_temp_dir
 from mazerl.cluster.pipeline_jobs import stop_pipeline_jobs
 from mazerl.cluster.ray_local import find_local_head, local_ray_head
 from mazerl.input_files import InputFileError, parse_json, read_input_text
 from mazerl.params import PRESETS, PipelineParams
-from mazerl.preflight.http_answer import fetch
-from mazerl.preflight.input_error import InputError
 from mazerl.preflight.pipeline import check_pipeline_inputs
 from mazerl.preflight.ray_address import check_ray_address, check_ray_address_env
 
@@ -192,46 +190,12 @@ def describe(exc: Exception) -> str:
 def check_run_inputs(params: PipelineParams) -> None:
     """Everything ``mazerl run`` can check in about a second, before it starts or writes anything."""
     check_pipeline_inputs(params)
-    check_prefect_api()
+    check_prefect_env()
     if params.ray_address is None:
         check_ray_address_env()
         check_temp_dir()  # the embedded head's (TMPDIR too long, or a directory others can write)
     else:
         check_ray_address(params.ray_address)
-
-
-def check_prefect_api() -> None:
-    """A Prefect server named by ``PREFECT_API_URL`` answers its health check, before the Ray head starts.
-
-    Without the variable ``mazerl run`` runs Prefect embedded (nothing to check). Prefect's
-    ``/health`` answers ``true``; anything else is not a Prefect API.
-    """
-    url = os.environ.get("PREFECT_API_URL", "").strip()
-    if not url:
-        return
-    shown = redacted(url)
-    fix = (
-        "start the server (prefect server start), correct PREFECT_API_URL (e.g. http://127.0.0.1:4200/api), or "
-        "unset it (unset PREFECT_API_URL) to run Prefect embedded under the data root"
-    )
-    if urlparse(url).scheme not in ("http", "https") or control_character(url):
-        raise InputError("PREFECT_API_URL", f"PREFECT_API_URL={shown!r} is not an http(s) address; {fix}")
-    key = os.environ.get("PREFECT_API_KEY")
-    answer = fetch(f"{url.rstrip('/')}/health", headers={"Authorization": f"Bearer {key}"} if key else None)
-    if isinstance(answer, str):
-        raise InputError("PREFECT_API_URL", f"PREFECT_API_URL={shown!r}: the Prefect server {answer}; {fix}")
-    if answer.status in (401, 403):
-        raise InputError(
-            "PREFECT_API_URL",
-            f"PREFECT_API_URL={shown!r}: the Prefect server refused this client (HTTP {answer.status}); set "
-            "PREFECT_API_KEY to a key of that workspace, or unset PREFECT_API_URL to run Prefect embedded",
-        )
-    if answer.status != 200 or answer.json() is not True:
-        raise InputError(
-            "PREFECT_API_URL",
-            f"PREFECT_API_URL={shown!r}: the address answered, but not as a Prefect API (HTTP {answer.status} "
-            f"{answer.content_type} for /health); {fix}",
-        )
 
 
 class Stopped(BaseException):
@@ -335,23 +299,24 @@ def run_or_resume(flow: Any, params: PipelineParams, *, fresh: bool, ray_address
 def resume_hint(args: argparse.Namespace) -> str:
     """What to type to continue an interrupted run: the same command."""
     mazerl = paths.venv_command("mazerl")
-    again = " ".join([mazerl, *sys.argv[1:]]) if sys.argv[1:2] == ["run"] else f"{mazerl} run with the same flags"
+    again = f"{mazerl} {shlex.join(sys.argv[1:])}" if sys.argv[1:2] == ["run"] else f"{mazerl} run with the same flags"
     return f"run the same command again ({again}) to resume from the last checkpoint, or add --fresh to start over"
 
 
 def closing_hints(tracking_uri: str, root: Path, *, embedded_head: bool) -> str:
-    """How to look at the run, and the state of the embedded Ray head, as commands that work pasted."""
-    mazerl = paths.venv_command("mazerl")
+    """How to look at the run, and the state of the embedded Ray head, as commands that work pasted (shell-quoted:
+    a data root may hold spaces)."""
+    mazerl, mlflow, quote = paths.venv_command("mazerl"), paths.venv_command("mlflow"), shlex.quote
     if tracking_uri == paths.mlflow_db_uri(root):
         lines = [
-            f"Look at it: {mazerl} ui --data-root {root}",
-            f"  (the same as {paths.venv_command('mlflow')} ui --backend-store-uri {tracking_uri} "
-            f"--default-artifact-root {paths.mlflow_artifacts_dir(root)})",
+            f"Look at it: {mazerl} ui --data-root {quote(str(root))}",
+            f"  (the same as {mlflow} ui --backend-store-uri {quote(tracking_uri)} "
+            f"--default-artifact-root {quote(str(paths.mlflow_artifacts_dir(root)))})",
         ]
     elif tracking_uri.startswith(("http://", "https://")):
         lines = [f"Look at it: {tracking_uri}"]
     else:
-        lines = [f"Look at it: {paths.venv_command('mlflow')} ui --backend-store-uri {tracking_uri}"]
+        lines = [f"Look at it: {mlflow} ui --backend-store-uri {quote(tracking_uri)}"]
     if embedded_head:
         head = find_local_head()
         if head is None:

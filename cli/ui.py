@@ -8,8 +8,11 @@ four), no line per HTTP request, and none of MLflow's background job processes (
 GenAI features a training store does not use).
 
 Port 5000 taken (another UI, another program): without ``--port`` the UI takes a free port and
-prints its link; with ``--port`` it refuses with the fix instead of starting. Exit codes: 2 no
-store under the data root, or the port asked for is taken; else the UI's own.
+prints its link; with ``--port`` it refuses with the fix instead of starting. Every flag and the
+store are checked before MLflow is imported, so a bad one is refused in a moment, naming it and the
+fix, instead of a traceback. Exit codes: 2 a bad flag (a port out of range or taken, a host that is
+no address of this machine, an empty ``--data-root``) or no usable store under the data root (no
+``mlflow.db``, or one that is not a SQLite database); else the UI's own.
 """
 
 from __future__ import annotations
@@ -19,8 +22,12 @@ import errno
 import os
 import socket
 import sys
+from pathlib import Path
 
 from mazerl import paths
+from mazerl.preflight.data_root import check_root_env
+from mazerl.preflight.input_error import InputError
+from mazerl.preflight.tracking_store import sqlite_file_problem
 
 EXIT_BAD_INPUT = 2
 DEFAULT_PORT = 5000  # the port the run's printed link names
@@ -78,36 +85,68 @@ def free_port(host: str) -> int:
         return probe.getsockname()[1]
 
 
-def choose_port(host: str, asked: int | None) -> tuple[int | None, str | None]:
-    """(port to use, note for the user), or (None, error) when the port asked for is taken."""
-    if asked is not None:
-        if port_is_free(host, asked):
-            return asked, None
-        return None, (
-            f"error: port {asked} on {host} is already in use (another MLflow UI or program listens there); "
-            f"stop it, or give another --port, or leave --port out to take a free one"
-        )
-    if port_is_free(host, DEFAULT_PORT):
-        return DEFAULT_PORT, None
-    port = free_port(host)
+def choose_port(host: str, asked: int | None) -> tuple[int, str | None]:
+    """(port to use, note for the user); an InputError when the port asked for is taken, or ``host`` is no
+    address of this machine to listen on (a name that does not resolve, another machine's address)."""
+    try:
+        if asked is not None:
+            if port_is_free(host, asked):
+                return asked, None
+            raise InputError(
+                "--port",
+                f"port {asked} on {host} is already in use (another MLflow UI or program listens there); stop it, "
+                "or give another --port, or leave --port out to take a free one",
+            )
+        if port_is_free(host, DEFAULT_PORT):
+            return DEFAULT_PORT, None
+        port = free_port(host)
+    except OSError as exc:  # socket.gaierror (a name that does not resolve) is one
+        what = "does not resolve" if isinstance(exc, socket.gaierror) else "is not an address of this machine"
+        raise InputError(
+            "--host",
+            f"--host {host!r} {what} ({exc.strerror}); give an address of this machine to listen on, e.g. "
+            "127.0.0.1 (this machine only) or 0.0.0.0 (every interface)",
+        ) from None
     return port, (
         f"port {DEFAULT_PORT} is in use, so this UI listens on port {port}: in links printed by `mazerl run`, "
         f"put {port} in place of {DEFAULT_PORT}"
     )
 
 
-def ui_command(args: argparse.Namespace) -> int:
-    root = paths.data_root(args.data_root)
-    if not (root / "mlflow.db").is_file():
-        print(
-            f"error: no MLflow store under the data root {root} (no mlflow.db); run `mazerl run` first, or give "
-            f"--data-root (or ${paths.ROOT_ENV_VAR}) of the run to look at",
-            file=sys.stderr,
+def check_ui_inputs(args: argparse.Namespace) -> tuple[Path, int, str | None]:
+    """(data root, port, note for the user) once the flags and the store are known to work, before MLflow is
+    imported; an InputError names the flag and the fix (MLflow would end in a traceback on each)."""
+    if args.port is not None and not 0 < args.port < 65536:
+        raise InputError(
+            "--port",
+            f"--port {args.port} is not a TCP port; give one from 1 to 65535, or leave --port out for {DEFAULT_PORT} "
+            "(or a free one if it is taken)",
         )
-        return EXIT_BAD_INPUT
     port, note = choose_port(args.host, args.port)
-    if port is None:
-        print(note, file=sys.stderr)
+    check_root_env(args.data_root)  # an empty --data-root or MAZERL_HOME is refused, not read as ./.mazerl
+    root = paths.data_root(args.data_root)
+    database = root / "mlflow.db"
+    if not database.is_file():
+        raise InputError(
+            "--data-root",
+            f"no MLflow store under the data root {root} (no mlflow.db); run `mazerl run` first, or give "
+            f"--data-root (or ${paths.ROOT_ENV_VAR}) of the run to look at",
+        )
+    problem = sqlite_file_problem(database)
+    if problem:
+        raise InputError(
+            "--data-root",
+            f"the data root's MLflow store cannot be opened: {problem}; give --data-root (or ${paths.ROOT_ENV_VAR}) "
+            "of a run's data root, or move the file away (mazerl run then makes a new store)",
+        )
+    return root, port, note
+
+
+def ui_command(args: argparse.Namespace) -> int:
+    try:
+        root, port, note = check_ui_inputs(args)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     from mazerl.tracking.store import client_for, experiment_url  # imports mlflow: seconds, so only here
 

@@ -18,6 +18,7 @@ from envs.evalset import EMBEDDED_EVAL_SET, SPECS
 from mazerl import paths
 from mazerl.address_forms import check_ray_address_form, check_tracking_uri_form, control_character
 from mazerl.evaluation.engines import EvalEngine, check_gpus_per_worker, gpus_per_worker
+from mazerl.evaluation.settings import check_max_eval_mazes
 from mazerl.training.config import PlainNumbers, TrainConfig
 from mazerl.training.recipes import (
     MINIATURE_TRAINING,
@@ -269,10 +270,11 @@ class PipelineParams(EvalEngineParams):
         return data
 
     @model_validator(mode="after")
-    def _training_overrides_are_valid(self) -> PipelineParams:
-        """Check ``training`` now, before any stage. The starter's directory is known once ``prepare``
-        has it, and validation reads no file, so the models directory stands in for it here."""
+    def _cross_field_rules(self) -> PipelineParams:
+        """Check ``training`` and the rules between fields now, before any stage. The starter's directory is
+        known once ``prepare`` has it, and validation reads no file, so the models directory stands in for it."""
         self.train_config("validation", Path(self.base_model or paths.models_dir(self.root())))
+        check_max_eval_mazes(self.max_eval_mazes, self.resolved_eval_set())
         if self.local_train_gpus and self.backend != "local":
             raise ValueError(
                 f"local_train_gpus ({self.local_train_gpus}) applies to backend 'local' only: SkyRL places its own "
@@ -342,6 +344,7 @@ class EvalParams(EvalEngineParams):
     def _one_model(self) -> EvalParams:
         if (self.model_dir is None) == (self.registered_model is None):
             raise ValueError("give exactly one of model_dir or registered_model (with version, default 'champion')")
+        check_max_eval_mazes(self.max_eval_mazes, self.eval_set)
         return self
 
     def root(self) -> Path:

@@ -16,16 +16,22 @@ PRIVATE_DIR_MODE = 0o700  # what mazerl creates is its user's alone unless a dep
 
 
 def data_root(root: str | os.PathLike | None = None) -> Path:
-    """Resolve the data root: the argument, else ``$MAZERL_HOME``, else ``./.mazerl`` (absolute).
+    """Resolve the data root: the argument, else ``$MAZERL_HOME``, else ``./.mazerl`` (:func:`absolute_path`)."""
+    return absolute_path(root or os.environ.get(ROOT_ENV_VAR) or DEFAULT_ROOT)
 
-    A path that cannot exist (a name longer than the file system allows) is made absolute without
-    resolving links, so :func:`mazerl.preflight.data_root.check_data_root` can say what is wrong with it.
+
+def absolute_path(path: str | os.PathLike) -> Path:
+    """``path`` made absolute (``~`` expanded, links resolved).
+
+    A path that cannot exist (a name longer than the file system allows, a loop of symbolic links) is
+    made absolute without resolving links, so the preflight (:mod:`mazerl.preflight.data_root`,
+    :mod:`mazerl.preflight.model_dir`) can say what is wrong with it instead of a traceback.
     """
-    chosen = Path(root or os.environ.get(ROOT_ENV_VAR) or DEFAULT_ROOT).expanduser()
+    path = Path(path).expanduser()
     try:
-        return chosen.resolve()
-    except OSError:
-        return Path(os.path.abspath(chosen))
+        return path.resolve()
+    except (OSError, RuntimeError):  # Python 3.11 raises RuntimeError for a loop of links (3.13: OSError)
+        return Path(os.path.abspath(path))
 
 
 def data_root_mode() -> int:
@@ -117,16 +123,18 @@ def mlflow_artifacts_dir(root: Path) -> Path:
 
 
 def venv_command(name: str) -> str:
-    """How to call this environment's console script ``name`` from the current directory.
+    """How to call this environment's console script ``name`` from the current directory, shell-quoted.
 
     ``mlflow`` or ``mazerl`` alone is not on the PATH outside an activated venv, so hints
     printed for the user name the script beside this Python (``.venv/bin/mlflow`` when the venv
-    lies under the working directory, its absolute path otherwise).
+    lies under the working directory, its absolute path otherwise), quoted so the hint works pasted
+    into a shell wherever the venv lies (a path with spaces).
     """
+    import shlex
     import sys
 
     script = Path(sys.executable).parent / name
     try:
-        return str(script.relative_to(Path.cwd()))
+        return shlex.quote(str(script.relative_to(Path.cwd())))
     except ValueError:
-        return str(script)
+        return shlex.quote(str(script))

@@ -141,9 +141,12 @@ def edited_eval_set_with_its_digest_recomputed(w: World) -> None:
     w.monkeypatch.setattr(evalset, "DATA_DIR", data)
 
 
-def truncated_weights(model: Path) -> Path:
-    """The model directory as a copy that stopped early: its weights file is cut in half."""
-    weights = model / "model.safetensors"
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+
+
+def truncated_weights(model: Path, name: str = "model.safetensors") -> Path:
+    """The model (or adapter) directory as a copy that stopped early: its weights file is cut in half."""
+    weights = model / name
     with open(weights, "r+b") as handle:
         handle.truncate(weights.stat().st_size // 2)
     return model
@@ -534,6 +537,31 @@ def fake_model(directory: Path, damage: str) -> str:
     return str(model)
 
 
+def lora_adapter(
+    directory: Path, name: str, config_rank: int = 4, edit: Callable[[Path], object] = lambda _: None
+) -> str:
+    """A rank-4 LoRA adapter of one layer whose config names ``config_rank``, then edited."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    adapter = directory / name
+    adapter.mkdir()
+    layer = "base_model.model.model.language_model.layers.0.self_attn.q_proj"
+    weights = {
+        f"{layer}.lora_A.weight": np.zeros((4, 64), np.float32),
+        f"{layer}.lora_B.weight": np.zeros((64, 4), np.float32),
+    }
+    save_file(weights, str(adapter / ADAPTER_WEIGHTS))
+    config = {"peft_type": "LORA", "r": config_rank, "lora_alpha": 8, "target_modules": ["q_proj"]}
+    (adapter / ADAPTER_CONFIG).write_text(json.dumps(config))
+    edit(adapter)
+    return str(adapter)
+
+
+def cut_adapter(adapter: Path) -> None:
+    truncated_weights(adapter, ADAPTER_WEIGHTS)
+
+
 def fifo(directory: Path, name: str) -> str:
     """A named pipe nobody writes to: reading it would block the command forever."""
     os.mkfifo(directory / name)
@@ -736,7 +764,7 @@ CLI_CASES = [
         "eval: --adapter without adapter files",
         lambda d, _: EVAL + ["--model", fake_model(d, "ok"), "--adapter", adapter_without_files(d)],
         "--adapter",
-        "pass a PEFT adapter directory",
+        "a PEFT adapter directory holds adapter_config.json and adapter_model.safetensors",
     ),
     CliCase(
         "eval: --model with a garbage config.json",
@@ -1059,6 +1087,84 @@ INPUT_CASES = [
         "training.lora.target_modules",
         "name the linear layers to adapt",
     ),
+    # training values past anything a machine can run
+    InputCase(
+        "run: max_turns 10^5",
+        lambda i: RUN + ["--training", '{"max_turns": 100000}'],
+        "training.max_turns",
+        "less than or equal to 1000",
+    ),
+    InputCase(
+        "run: grpo.max_new_tokens 10^5",
+        lambda i: RUN + ["--training", '{"grpo": {"max_new_tokens": 100000}}'],
+        "training.grpo.max_new_tokens",
+        "less than or equal to 4096",
+    ),
+    InputCase(
+        "run: grpo.samples_per_maze 10^5",
+        lambda i: RUN + ["--training", '{"grpo": {"samples_per_maze": 100000}}'],
+        "training.grpo.samples_per_maze",
+        "less than or equal to 256",
+    ),
+    InputCase(
+        "run: torch_threads 10^5",
+        lambda i: RUN + ["--training", '{"torch_threads": 100000}'],
+        "training.torch_threads",
+        "less than or equal to 256",
+    ),
+    InputCase(
+        "run: seed past 2^32",
+        lambda i: RUN + ["--training", '{"seed": 4294967296}'],
+        "training.seed",
+        "less than or equal to 4294967295",
+    ),
+    InputCase(
+        "run: seed negative",
+        lambda i: RUN + ["--training", '{"seed": -1}'],
+        "training.seed",
+        "greater than or equal to 0",
+    ),
+    InputCase(
+        "run: --max-eval-mazes above the eval set's size",
+        lambda i: RUN + ["--max-eval-mazes", "300"],
+        "max_eval_mazes",
+        "more than eval set maze256-small-v1 holds (256 mazes); lower max_eval_mazes to at most 256",
+    ),
+    InputCase(
+        "eval: --max-mazes above the eval set's size",
+        lambda i: EVAL + ["--model", i.model("ok"), "--max-mazes", "300"],
+        "--max-mazes",
+        "lower --max-mazes to at most 256",
+    ),
+    InputCase(
+        "eval: --engine vllm on a machine without a GPU",
+        lambda i: (
+            i.monkeypatch.setattr("torch.cuda.device_count", lambda: 0),
+            EVAL + ["--model", i.model("ok"), "--engine", "vllm"],
+        )[1],
+        "--engine vllm",
+        "give --ray-address of a Ray cluster with GPUs, or use --engine hf",
+    ),
+    InputCase(
+        "eval: --adapter whose config names another rank",
+        lambda i: EVAL + ["--model", i.model("ok"), "--adapter", lora_adapter(i.dir, "rank", config_rank=8)],
+        "--adapter",
+        "r=8, but adapter_model.safetensors holds",
+    ),
+    InputCase(
+        "eval: --adapter with truncated weights",
+        lambda i: EVAL + ["--model", i.model("ok"), "--adapter", lora_adapter(i.dir, "cut", edit=cut_adapter)],
+        "--adapter",
+        "lacks a complete adapter_model.safetensors (it is truncated",
+    ),
+    InputCase(
+        "eval: --adapter config that does not parse",
+        lambda i: (
+            EVAL + ["--model", i.model("ok"), "--adapter", lora_adapter(i.dir, "bad", edit=garbage(ADAPTER_CONFIG))]
+        ),
+        "--adapter",
+        "is not valid JSON",
+    ),
     InputCase(
         "eval: --model tokenizer.json that does not parse",
         lambda i: EVAL + ["--model", i.model("tok", garbage("tokenizer.json"))],
@@ -1120,6 +1226,42 @@ INPUT_CASES = [
         "more than the 255 the file system",
     ),
     InputCase(
+        "run: --data-root empty",
+        lambda i: RUN + ["--data-root", ""],
+        "data_root (--data-root) is empty",
+        "leave it out for $MAZERL_HOME or ./.mazerl",
+    ),
+    InputCase(
+        "run: --data-root with a '?'",
+        lambda i: RUN + ["--data-root", f"{i.dir}/data?root"],
+        "data_root",
+        "starts a query in a URI",
+    ),
+    InputCase(
+        "run: MAZERL_HOME with a '%'",
+        lambda i: (i.env("MAZERL_HOME", f"{i.dir}/data%41root"), RUN)[1],
+        "MAZERL_HOME",
+        "without ?, # or %",
+    ),
+    InputCase(
+        "run: --data-root a loop of symbolic links",
+        lambda i: (os.symlink(i.dir / "loop", i.dir / "loop"), RUN + ["--data-root", str(i.dir / "loop")])[1],
+        "data_root",
+        "is a loop of symbolic links",
+    ),
+    InputCase(
+        "run: --data-root on a full disk",
+        lambda i: (i.monkeypatch.setattr(shutil, "disk_usage", full_disk), RUN)[1],
+        "data_root",
+        "free space there, or choose a directory",
+    ),
+    InputCase(
+        "run: TMPDIR that does not exist",
+        lambda i: (i.env("TMPDIR", str(i.dir / "no-such-tmp")), RUN)[1],
+        "TMPDIR",
+        "unset it (unset TMPDIR)",
+    ),
+    InputCase(
         "run: MAZERL_DATA_ROOT_MODE not a mode",
         lambda i: (i.env("MAZERL_DATA_ROOT_MODE", "rwx"), RUN)[1],
         "MAZERL_DATA_ROOT_MODE",
@@ -1157,6 +1299,30 @@ INPUT_CASES = [
         "not as a Prefect API",
     ),
     InputCase(
+        "run: PREFECT_API_URL malformed IPv6",
+        lambda i: (i.env("PREFECT_API_URL", "http://[::1:4200/api"), RUN)[1],
+        "PREFECT_API_URL",
+        "is not a valid address (Invalid IPv6 URL); start the server",
+    ),
+    InputCase(
+        "run: PREFECT_HOME a file",
+        lambda i: (i.env("PREFECT_HOME", write(i.dir, "prefect-home", "x")), RUN)[1],
+        "PREFECT_HOME",
+        "unset it (unset PREFECT_HOME)",
+    ),
+    InputCase(
+        "run: PREFECT_HOME not writable",
+        lambda i: (i.env("PREFECT_HOME", "/proc/prefect-home"), RUN)[1],
+        "PREFECT_HOME",
+        "is not writable",
+    ),
+    InputCase(
+        "run: PREFECT_LOGGING_LEVEL unknown",
+        lambda i: (i.env("PREFECT_LOGGING_LEVEL", "LOUD"), RUN)[1],
+        "PREFECT_LOGGING_LEVEL",
+        "give one of DEBUG, INFO, WARNING, ERROR, CRITICAL",
+    ),
+    InputCase(
         "eval: RAY_ADDRESS garbage",
         lambda i: (i.env("RAY_ADDRESS", "garbage"), EVAL + ["--model", i.model("ok")])[1],
         "RAY_ADDRESS",
@@ -1168,9 +1334,42 @@ INPUT_CASES = [
         "--ray-address",
         "RAY_AUTH_TOKEN",
     ),
+    InputCase("ui: --port out of range", lambda i: ["ui", "--port", "70000"], "--port 70000", "from 1 to 65535"),
+    InputCase(
+        "ui: --host that does not resolve",
+        lambda i: ["ui", "--host", "no-such-host.invalid"],
+        "--host 'no-such-host.invalid' does not resolve",
+        "give an address of this machine to listen on",
+    ),
+    InputCase(
+        "ui: mlflow.db that is not SQLite",
+        lambda i: (i.root.mkdir(), write(i.root, "mlflow.db", "plain text"), ["ui"])[-1],
+        "mlflow.db is not a SQLite database",
+        "give --data-root (or $MAZERL_HOME) of a run's data root",
+    ),
+    InputCase(
+        "build-starter: --data-root empty",
+        lambda i: BUILD + ["--data-root", ""],
+        "data_root (--data-root) is empty",
+        "leave it out for $MAZERL_HOME",
+    ),
+    InputCase(
+        "ui: --data-root empty",
+        lambda i: ["ui", "--data-root", ""],
+        "data_root (--data-root) is empty",
+        "leave it out for $MAZERL_HOME",
+    ),
     InputCase("demo: --seed negative", lambda i: ["demo", "--seed", "-1"], "--seed", "must be between 0 and"),
     InputCase("demo: --size even", lambda i: ["demo", "--size", "8"], "--size", "use an odd integer >= 5"),
+    InputCase(
+        "demo: --size 10^6", lambda i: ["demo", "--size", "1000001"], "--size", "use an odd integer from 5 to 99"
+    ),
 ]
+
+
+def full_disk(path: str | os.PathLike) -> tuple[int, int, int]:
+    """``shutil.disk_usage`` of a file system with 12 KiB left (what a data root on a full disk sees)."""
+    return shutil._ntuple_diskusage(2**30, 2**30 - 12 * 2**10, 12 * 2**10)
 
 
 def recorder_of_refusals(attempted: list[str]):
@@ -1188,7 +1387,7 @@ def recorder_of_refusals(attempted: list[str]):
 
 @pytest.fixture
 def refused_work(monkeypatch):
-    """Prefect, the Ray head, an eval and a model load, each replaced by a recorded refusal."""
+    """Prefect, the Ray head, an eval, a model load and the MLflow UI, each replaced by a recorded refusal."""
     from transformers import PreTrainedModel
 
     import cli.run
@@ -1197,6 +1396,7 @@ def refused_work(monkeypatch):
     refuse = recorder_of_refusals(attempted)
 
     monkeypatch.setattr(cli.run, "configure_prefect", refuse("Prefect"))
+    monkeypatch.setattr(os, "execve", refuse("MLflow UI"))  # mazerl ui: the UI takes over the process
     monkeypatch.setattr(cli.run, "local_ray_head", refuse("Ray head start"))
     monkeypatch.setattr("mazerl.evaluation.evaluate.evaluate", refuse("eval"))
     monkeypatch.setattr("mazerl.policy.loader.load_policy", refuse("model load"))
@@ -1416,6 +1616,26 @@ def test_ray_address_in_the_environment_is_refused_only_where_ray_could_not_pars
         with pytest.raises(InputError, match="unset RAY_ADDRESS") as caught:
             check_ray_address_env()
         assert SECRET not in str(caught.value), str(caught.value)
+
+
+def test_an_adapter_peft_saved_passes_the_adapter_check_and_one_with_another_config_does_not(tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    from mazerl.policy.loader import load_policy
+    from mazerl.preflight.input_error import InputError
+    from mazerl.preflight.model_dir import check_adapter
+    from mazerl.starter.shipped import SHIPPED_DIR
+
+    # Given an adapter as PEFT saves it, rank 4 but 8 for q_proj (rank_pattern),
+    model = load_policy(SHIPPED_DIR, device="cpu").model
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], rank_pattern={"q_proj": 8})
+    get_peft_model(model, lora).save_pretrained(tmp_path / "adapter")
+    # then the check passes it,
+    check_adapter(tmp_path / "adapter")
+    # and refuses it once its config says rank 4 throughout.
+    edit_json(ADAPTER_CONFIG, lambda config: config.update(rank_pattern={}))(tmp_path / "adapter")
+    with pytest.raises(InputError, match=r"names rank r=4, but .*q_proj\.lora_A\.weight of shape \[8, "):
+        check_adapter(tmp_path / "adapter")
 
 
 def test_a_sagemaker_arn_passes_the_preflight_once_its_plugin_is_importable_without_asking_aws(monkeypatch):

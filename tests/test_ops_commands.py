@@ -158,3 +158,24 @@ def test_the_closing_hint_names_commands_of_this_environment_that_work_pasted(tm
     assert f"{Path(sys.executable).parent.relative_to(Path.cwd()) / 'mlflow'} ui --backend-store-uri" in hints
     # and a tracking server's hint is its address.
     assert closing_hints("http://mlflow:5000", tmp_path, embedded_head=False) == "Look at it: http://mlflow:5000"
+
+
+def test_the_printed_commands_work_pasted_for_a_data_root_with_spaces(tmp_path, monkeypatch):
+    import shlex
+
+    from cli.run import closing_hints, resume_hint
+    from mazerl import paths
+
+    # Given a data root whose path holds spaces (and a quote),
+    root = tmp_path / "my runs" / "Bob's root"
+    hints = closing_hints(paths.mlflow_db_uri(root), root, embedded_head=False).splitlines()
+    # then the shell reads each printed command back into the very arguments it names:
+    ui = shlex.split(hints[0].removeprefix("Look at it: "))
+    assert ui[1:] == ["ui", "--data-root", str(root)], hints
+    same = shlex.split(hints[1].strip().removeprefix("(the same as ").removesuffix(")"))
+    artifacts = str(paths.mlflow_artifacts_dir(root))
+    assert same[1:] == ["ui", "--backend-store-uri", paths.mlflow_db_uri(root), "--default-artifact-root", artifacts]
+    # and so does the command that resumes an interrupted run.
+    monkeypatch.setattr(sys, "argv", ["mazerl", "run", "--data-root", str(root), "--training", '{"steps": 4}'])
+    again = resume_hint(None).split("run the same command again (", 1)[1].split(") to resume", 1)[0]
+    assert shlex.split(again)[1:] == sys.argv[1:], again

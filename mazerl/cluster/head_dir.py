@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import stat
 import tempfile
 from pathlib import Path
@@ -45,6 +46,8 @@ def check_temp_dir(temp_dir: str | os.PathLike | None = None) -> Path:
     Cheap and writes nothing but the directory itself: what ``mazerl run`` and ``mazerl eval``
     check before they start anything, and what every use of the head goes through.
     """
+    if temp_dir is None:
+        check_tmpdir_env()
     temp = Path(temp_dir) if temp_dir is not None else default_temp_dir()
     temp = temp.expanduser().absolute()
     if len(str(temp)) > MAX_TEMP_DIR_CHARS:
@@ -67,10 +70,33 @@ def check_temp_dir(temp_dir: str | os.PathLike | None = None) -> Path:
     if mode & 0o022:
         raise UnsafeTempDirError(
             f"the local Ray head's temp dir {temp} has mode {mode:04o}: other users can write into it and could "
-            f"have replaced the head's registry or token. Check it and remove it (rm -rf {temp}), or make it "
-            f"private again (chmod 700 {temp}), then run again"
+            f"have replaced the head's registry or token. Check it and remove it (rm -rf {shlex.quote(str(temp))}), or "
+            f"make it private again (chmod 700 {shlex.quote(str(temp))}), then run again"
         )
     return temp
+
+
+def check_tmpdir_env() -> None:
+    """``TMPDIR``, when set, names a directory this user can write.
+
+    Python (and so the head's temp dir, and Ray) silently falls back to the shared ``/tmp`` when it does
+    not: the head's files would land where the user did not say, shared with whoever else runs there.
+    """
+    value = os.environ.get("TMPDIR")
+    if not value:  # unset or empty: Python's default, /tmp
+        return
+    path = Path(value)
+    if not path.is_dir():
+        problem = "is not a directory" if path.exists() else "does not exist"
+    elif not os.access(path, os.W_OK | os.X_OK):
+        problem = "is not writable by this user"
+    else:
+        return
+    raise UnsafeTempDirError(
+        f"TMPDIR={value!r} {problem}, so the local Ray head's temp dir would silently be under the shared /tmp "
+        f"instead; create it (mkdir -p {shlex.quote(value)}), set TMPDIR to a directory you can write, or unset it "
+        "(unset TMPDIR) for /tmp"
+    )
 
 
 def write_secret(path: Path, value: str) -> None:

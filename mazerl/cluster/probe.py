@@ -58,8 +58,9 @@ def node_name(node: dict[str, Any]) -> str:
     return f"{node['address']} ({node['node_id'][:8]})" if node.get("node_id") else node["address"]
 
 
-def safetensors_problem(handle: Any, size: int) -> str | None:
-    """What is wrong with a safetensors file, from its header alone (milliseconds, whatever its size).
+def safetensors_header(handle: Any, size: int) -> dict[str, Any] | str:
+    """A safetensors file's header (tensor name -> dtype, shape, data_offsets) once the file is complete, else
+    what is wrong with it; from the header alone (milliseconds, whatever its size).
 
     The format is an 8-byte little-endian header length, a JSON header giving every tensor's byte
     range, then the data: a file shorter than the largest range's end was cut off (a copy that stopped).
@@ -77,7 +78,7 @@ def safetensors_problem(handle: Any, size: int) -> str | None:
         return "has no readable safetensors header"
     if size < 8 + length + end:
         return f"is truncated: {size} of the {8 + length + end} bytes its header declares"
-    return None
+    return header
 
 
 def check_model_dir(model_dir: str) -> dict[str, Any]:
@@ -115,7 +116,8 @@ def check_model_dir(model_dir: str) -> dict[str, Any]:
     for shard in sorted(shards):
         try:
             with open(shard, "rb") as handle:
-                problem = safetensors_problem(handle, shard.stat().st_size) if shard.suffix == ".safetensors" else None
+                header = safetensors_header(handle, shard.stat().st_size) if shard.suffix == ".safetensors" else None
+            problem = header if isinstance(header, str) else None
             result["weights_bytes"] += shard.stat().st_size
         except OSError as exc:
             problem = f"cannot be read ({exc.strerror})"

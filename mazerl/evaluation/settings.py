@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from envs.evalset import SPECS
 from mazerl.evaluation.engines import ENGINES, check_gpus_per_worker, gpus_per_worker
 
 
@@ -58,6 +59,18 @@ class EvalSettings:
         if "eval_set" not in values:
             raise ValueError("eval settings: eval_set is missing")
         return cls(**values)
+
+
+def check_max_eval_mazes(max_eval_mazes: int | None, eval_set: str | None, field: str = "max_eval_mazes") -> None:
+    """A cap above the eval set's size is refused: the eval would play the whole set while the run's
+    parameters (and its MLflow record) said fewer, and a typo (3000 for 300) would go unnoticed.
+    ``field``: the name the user gave it by (``--max-mazes`` for ``mazerl eval``)."""
+    spec = SPECS.get(eval_set or "")
+    if max_eval_mazes is not None and spec is not None and max_eval_mazes > spec.count:
+        raise ValueError(
+            f"{field} ({max_eval_mazes}) is more than eval set {eval_set} holds ({spec.count} mazes); lower {field} "
+            f"to at most {spec.count}, or leave it out for the whole set"
+        )
 
 
 def eval_request(

@@ -3,7 +3,8 @@
 ``base_model``: a Hugging Face vision-language model directory (config, weights whose safetensors
 headers match their sizes, tokenizer, processor; a Qwen3-VL ``model_type`` and architecture), every
 JSON file, the tokenizer and the chat template parsed. No ``base_model``: a starter already in the
-data root is the shipped one (its digest) or a complete local build, before it is reused.
+data root is the shipped one (its digest) or a complete local build, before it is reused. A LoRA
+adapter (``mazerl eval --adapter``): its config, and weights complete and of the config's rank.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 from pathlib import Path
 
 from mazerl import paths
-from mazerl.cluster.probe import check_model_dir
+from mazerl.cluster.probe import check_model_dir, safetensors_header
 from mazerl.preflight.input_error import InputError, short_message
 from mazerl.starter.record import RECORD_FILE
 from mazerl.starter.shipped import SHIPPED_DIGEST, SHIPPED_DIR, SHIPPED_NAME, directory_digest
@@ -100,6 +101,55 @@ def model_file_problem(model_dir: Path) -> str | None:
             ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).parse(template.read_text())
         except (OSError, ValueError, TemplateError) as exc:
             return f"chat_template.jinja does not parse as a Jinja template ({short_message(exc)})"
+    return None
+
+
+def check_adapter(adapter_dir: Path, field: str = "--adapter") -> None:
+    """A PEFT LoRA adapter directory that loads: both files, a usable ``adapter_config.json``, and an
+    ``adapter_model.safetensors`` that is complete and holds LoRA tensors of the rank the config names.
+
+    Read from the config and the safetensors header only (milliseconds). Otherwise an eval worker finds
+    out after the model loaded: a truncated file ends in an ActorDiedError traceback, and a config whose
+    rank differs from the weights' ends in one that does not even exit.
+    """
+    from mazerl.policy.loader import ModelLoadError, read_adapter_config  # lazy: it imports torch (seconds)
+
+    try:  # both files there, and the config a LoRA config
+        config = read_adapter_config(adapter_dir)
+    except ModelLoadError as exc:
+        raise InputError(field, f"{field}: {exc}") from None
+    fix = (
+        "copy the complete adapter directory, its config and weights from one save (a checkpoint's policy/lora_adapter)"
+    )
+    weights = adapter_dir / "adapter_model.safetensors"
+    with open(weights, "rb") as handle:
+        header = safetensors_header(handle, weights.stat().st_size)
+    if isinstance(header, str):
+        raise InputError(
+            field, f"{field}={str(adapter_dir)!r} lacks a complete adapter_model.safetensors (it {header}); {fix}"
+        )
+    problem = lora_rank_problem(config, header)
+    if problem:
+        raise InputError(field, f"{field}={str(adapter_dir)!r}: {problem}; {fix}")
+
+
+def lora_rank_problem(config: dict, header: dict) -> str | None:
+    """Where a LoRA tensor's rank is none the config names (``r``, or a ``rank_pattern`` value), or None.
+
+    PEFT builds each layer from the config and then copies the weights in: ``lora_A`` is (rank, in),
+    ``lora_B`` is (out, rank), so a config from another adapter cannot hold these weights.
+    """
+    ranks = {config["r"], *(config.get("rank_pattern") or {}).values()}
+    for name, entry in header.items():
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        if not isinstance(shape, list) or len(shape) < 2:
+            continue
+        rank = shape[0] if ".lora_A." in name else shape[1] if ".lora_B." in name else None
+        if rank is not None and rank not in ranks:
+            return (
+                f"adapter_config.json names rank r={config['r']}, but adapter_model.safetensors holds {name} of "
+                f"shape {shape} (rank {rank}): the config and the weights belong to different adapters"
+            )
     return None
 
 

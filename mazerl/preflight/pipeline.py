@@ -57,7 +57,7 @@ def check_pipeline_inputs(params: PipelineParams, config: TrainConfig | None = N
     check_data_root(root, check_root_env(params.data_root))
     check_eval_set(params.resolved_eval_set())
     if params.base_model is not None:
-        model_dir = Path(params.base_model).expanduser().resolve()
+        model_dir = paths.absolute_path(params.base_model)
         if model_dir.exists() or model_is_local(params.ray_address):
             check_base_model(model_dir)
     else:

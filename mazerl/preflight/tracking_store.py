@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import os
+import shlex
 import ssl
 import tempfile
 from pathlib import Path
@@ -124,7 +125,7 @@ def _check_sqlite_store(uri: str, *, embedded: bool) -> None:
             raise _tracking_error(
                 uri,
                 f"the database's directory {directory} does not exist",
-                f"create it (mkdir -p {directory}) or {fix}",
+                f"create it (mkdir -p {shlex.quote(str(directory))}) or {fix}",
             )
         try:  # tried, not guessed from permission bits
             fd, probe = tempfile.mkstemp(prefix=".mazerl-probe-", dir=directory)
@@ -134,17 +135,24 @@ def _check_sqlite_store(uri: str, *, embedded: bool) -> None:
             raise _tracking_error(
                 uri, f"the database's directory {directory} is not writable ({exc.strerror})", fix
             ) from None
-    if not database.exists():
-        return
+    problem = sqlite_file_problem(database) if database.exists() else None
+    if problem:
+        raise _tracking_error(uri, problem, fix)
+
+
+def sqlite_file_problem(database: Path) -> str | None:
+    """Why ``database`` is not a SQLite database file this user can write, or None (an empty file is a new
+    database to SQLite). From its first 16 bytes: MLflow would end in a traceback on it."""
     if not database.is_file():
-        raise _tracking_error(uri, f"{database} is not a file", fix)
+        return f"{database} is not a file"
     try:
         with open(database, "r+b") as handle:  # SQLite writes the file itself, and a journal beside it
             header = handle.read(len(SQLITE_HEADER))
     except OSError as exc:
-        raise _tracking_error(uri, f"{database} cannot be written by this user ({exc.strerror})", fix) from None
+        return f"{database} cannot be written by this user ({exc.strerror})"
     if header and header != SQLITE_HEADER:
-        raise _tracking_error(uri, f"{database} is not a SQLite database (it starts with {header[:8]!r})", fix)
+        return f"{database} is not a SQLite database (it starts with {header[:8]!r})"
+    return None
 
 
 def _check_database_store(uri: str) -> None:

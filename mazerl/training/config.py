@@ -25,6 +25,13 @@ from mazerl.policy.context_mode import HistoryImages, HistoryText, check_context
 
 MAX_STEPS = 1_000_000
 MAX_DEFAULT_POOL = 4096
+# Upper bounds: each far past anything a run can use, so a value above one is a typo (an extra digit), refused
+# before a run starts instead of ending it hours later (or never). Each field's description says why its bound.
+MAX_TURNS = 1000
+MAX_NEW_TOKENS = 4096
+MAX_SAMPLES_PER_MAZE = 256
+MAX_TORCH_THREADS = 256
+MAX_SEED = 2**32 - 1  # numpy's seeding takes 0 .. 2**32 - 1 (the maze world, the starter's build, the trainer)
 
 
 def _is_number_type(annotation: Any) -> bool:
@@ -98,7 +105,11 @@ class LoraConfig(StrictModel):
 
 class GrpoConfig(StrictModel):
     samples_per_maze: int = Field(
-        8, description="Episodes per maze (the GRPO group). Advantages are relative within a group, so >= 2."
+        8,
+        le=MAX_SAMPLES_PER_MAZE,
+        description="Episodes per maze (the GRPO group). Advantages are relative within a group, so >= 2; at most "
+        f"{MAX_SAMPLES_PER_MAZE} (32 times the reference's 8): a group is rolled out and scored in one step, and a "
+        "group mean over more samples changes nothing.",
     )
     clip_low: float = Field(0.2, gt=0, lt=1, description="PPO clip epsilon below 1 (SkyRL eps_clip_low).")
     clip_high: float = Field(0.2, gt=0, description="PPO clip epsilon above 1 (SkyRL eps_clip_high).")
@@ -113,7 +124,13 @@ class GrpoConfig(StrictModel):
     )
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of training rollouts (eval is greedy).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling for training rollouts.")
-    max_new_tokens: int = Field(24, ge=1, description="Token budget of one reply; an action needs about 8 tokens.")
+    max_new_tokens: int = Field(
+        24,
+        ge=1,
+        le=MAX_NEW_TOKENS,
+        description=f"Token budget of one reply; an action needs about 8 tokens. At most {MAX_NEW_TOKENS}: every "
+        "turn's reply is kept in the conversation, which skyrl.max_model_len must hold.",
+    )
     format_bonus: float = Field(
         0.0, ge=0, description="Training-only reward for replies that parse (never counted as success)."
     )
@@ -197,7 +214,12 @@ class TrainConfig(StrictModel):
     action_format: Literal["tuple", "keyword"] = Field(
         "tuple", description="Action syntax the policy is asked for: VisGym tuples (SFT) or <action> keywords."
     )
-    max_turns: int = Field(15, description="Move budget per episode, the stop included (reference: 15).")
+    max_turns: int = Field(
+        15,
+        le=MAX_TURNS,
+        description=f"Move budget per episode, the stop included (reference: 15). At most {MAX_TURNS}: each turn "
+        "adds a frame and a reply to the conversation, so a longer episode outgrows any model's context.",
+    )
     history_images: HistoryImages = Field(
         "all",
         description="Frames kept in the conversation: all (reference) or the last K, earlier turns kept as text.",
@@ -258,13 +280,25 @@ class TrainConfig(StrictModel):
     checkpoints_kept: int = Field(2, ge=1, description="Keep the last K checkpoints; older ones are deleted.")
     eval_interval: int = Field(0, ge=0, description="Greedy eval on the eval set every N steps; 0 disables.")
     eval_mazes: int | None = Field(None, ge=1, description="Evaluate on the first N mazes of the set during training.")
-    seed: int = Field(0, description="Seeds data order, sampling and initialisation; same seed, same run on CPU.")
+    seed: int = Field(
+        0,
+        ge=0,
+        le=MAX_SEED,
+        description="Seeds data order, sampling and initialisation; same seed, same run on CPU. 0 to 2**32 - 1, "
+        "numpy's range: a larger seed would be folded into it (seed and seed + 2**32 would share numpy's stream).",
+    )
     resume: Literal["latest", "none", "required"] = Field(
         "latest",
         description="latest: continue from the checkpoint marker if there is one; none: refuse to reuse a dir; "
         "required: continue from the marker and refuse to start without one.",
     )
-    torch_threads: int | None = Field(None, ge=1, description="torch CPU threads (local backend); None: torch default.")
+    torch_threads: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TORCH_THREADS,
+        description=f"torch CPU threads (local backend); None: torch default. At most {MAX_TORCH_THREADS}: more "
+        "threads than cores only make them wait for each other.",
+    )
     mlflow: MlflowSettings = Field(default_factory=MlflowSettings, description="Where metrics go.")
     skyrl: SkyrlSettings = Field(default_factory=SkyrlSettings, description="GPU cluster settings (skyrl backend).")
 
@@ -310,7 +344,7 @@ class TrainConfig(StrictModel):
     @field_validator("data_root", "base_model")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
-        return Path(value).expanduser().resolve()
+        return paths.absolute_path(value)
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> TrainConfig:
