@@ -51,6 +51,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 TERMINAL_NOISE = (
     re.compile(r"^Finished in state Completed\(\)$"),  # one per task run; the stage lines say where the run is
 )
+OWN_PACKAGES = ("mazerl.", "cli.", "tasks.", "flows.", "envs.")  # modules whose exceptions carry their whole story
 QUIET_LOGGERS = ("mlflow.store.db.utils", "alembic.runtime.migration")  # a new store's table creation, at INFO
 JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 
@@ -84,12 +85,40 @@ class TerminalNoise(logging.Filter):
         return not any(pattern.search(message) for pattern in TERMINAL_NOISE)
 
 
+class NoOwnTracebacks(logging.Formatter):
+    """The terminal's formatter without the traceback of the project's own errors.
+
+    An exception class of this project (``InputError``, the cluster's ``ConfigError`` family,
+    ``StorageFullJobError``, ...) is raised with a complete message that names the cause and the
+    fix: at the terminal its 80-line traceback would bury that one line. Prefect's log of the
+    run keeps the traceback (its API handler formats the record first), and a library's or
+    Python's own exception (a bug) keeps its traceback here too.
+    """
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        error = record.exc_info[1] if record.exc_info else None
+        if error is None or not type(error).__module__.startswith(OWN_PACKAGES):
+            return self.inner.format(record)
+        saved = record.exc_info, record.exc_text
+        record.exc_info, record.exc_text = None, None
+        try:
+            return self.inner.format(record)
+        finally:
+            record.exc_info, record.exc_text = saved
+
+
 def quiet_terminal() -> None:
-    """Filter the terminal's Prefect handler (never the one that sends logs to Prefect's API) and hush
-    the loggers of :data:`QUIET_LOGGERS`; call after Prefect is imported (it sets up its logging then)."""
+    """Filter the terminal's Prefect handler (never the one that sends logs to Prefect's API), keep the
+    project's own errors to their message there, and hush the loggers of :data:`QUIET_LOGGERS`; call
+    after Prefect is imported (it sets up its logging then)."""
     for handler in logging.getLogger().handlers:
         if type(handler).__name__ == "PrefectConsoleHandler":
             handler.addFilter(TerminalNoise())
+            handler.setFormatter(NoOwnTracebacks(handler.formatter or logging.Formatter()))
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
 

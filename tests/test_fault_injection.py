@@ -384,6 +384,15 @@ SIMULATED_ERRORS = {
 }
 
 
+# what each simulated failure makes of the training job: a full disk pauses it (exit 3, never retried),
+# anything else is an infrastructure failure, retried (exit 1)
+OUTCOMES = {
+    "ENOSPC": (3, "training paused: the disk under", "run the same command again: the marker still names step 1"),
+    "EROFS": (1, "training failed: could not write checkpoint step 2", "Free space or make"),
+    "torch-full-disk": (1, "training failed: could not write checkpoint step 2", "Free space or make"),
+}
+
+
 @pytest.mark.parametrize("kind", list(SIMULATED_ERRORS))
 def test_checkpoint_write_failing_with_simulated_os_error_is_clear_keeps_the_previous_checkpoint_and_retry_succeeds(
     tmp_path, starter_model_dir, monkeypatch, capsys, kind
@@ -404,13 +413,16 @@ def test_checkpoint_write_failing_with_simulated_os_error_is_clear_keeps_the_pre
     monkeypatch.setattr(torch, "save", save_on_a_full_disk)
     # Given the checkpoint write of step 2 failing, when the training entry runs,
     code = local_entry.main(["--config", str(config_path)])
-    failure = [line for line in capsys.readouterr().out.splitlines() if line.startswith("training failed")]
-    # then it exits retryable (1) with one clear line naming the checkpoint directory and the fix,
-    assert code == local_entry.EXIT_FAILURE and failure, "a full disk is an infrastructure failure, retried"
-    message = failure[-1]
-    assert str(config.checkpoint_dir) in message and "could not write checkpoint step 2" in message, message
-    assert "MiB free there" in message and "Free space or make" in message, message
-    assert "the marker still names step 1, which is intact" in message, message
+    out = capsys.readouterr().out
+    exit_code, opening, fix = OUTCOMES[kind]
+    failure = [line for line in out.splitlines() if line.startswith(opening.split(":")[0])]
+    # then it exits with the failure's code (a full disk pauses, never retried) and one clear line naming
+    # the checkpoint directory, the free space and the fix, without a traceback,
+    assert code == exit_code and len(failure) == 1, out[-3000:]
+    message = failure[0]
+    assert message.startswith(opening) and str(config.checkpoint_dir) in message, message
+    assert "MiB free" in message and fix in message, message
+    assert "Traceback" not in out, out[-3000:]
     # the previous checkpoint is intact and still the one the marker names, nothing half-written is left,
     before = adapter(config)
     assert checkpoints.latest(config.checkpoint_dir).step == 1
@@ -428,6 +440,39 @@ def test_checkpoint_write_failing_with_simulated_os_error_is_clear_keeps_the_pre
     )
     assert all(torch.equal(before[k], step1[k]) for k in before), "step 1's checkpoint was not touched"
     assert jsonl_steps(config) == [1, 2], "step 2 is logged once, by the run that completed it"
+
+
+def test_a_full_disk_at_the_metrics_row_pauses_the_training_and_the_rerun_logs_each_step_once(
+    tmp_path, starter_model_dir, monkeypatch, capsys
+):
+    from mazerl.tracking.metrics import MetricsLogger
+    from mazerl.training import local_entry
+
+    config = tiny_config(tmp_path, starter_model_dir, steps=3)
+    config_path = save_config(config, tmp_path / "train.json")
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    real_log = MetricsLogger.log
+    full = {"on": True}
+
+    def log_on_a_full_disk(self, step, metrics):
+        if full["on"] and step == 2:  # the disk fills up between step 2's checkpoint and its metrics row
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.jsonl_path))
+        return real_log(self, step, metrics)
+
+    monkeypatch.setattr(MetricsLogger, "log", log_on_a_full_disk)
+    # Given the metrics row of step 2 failing for a full disk, the training pauses with one line and no traceback,
+    assert local_entry.main(["--config", str(config_path)]) == local_entry.EXIT_NO_SPACE
+    out = capsys.readouterr().out
+    paused = [line for line in out.splitlines() if line.startswith("training paused:")]
+    assert len(paused) == 1 and "Traceback" not in out, out[-3000:]
+    assert str(config.run_dir) in paused[0] and "the marker still names step 2" in paused[0], paused[0]
+    assert jsonl_steps(config) == [1]
+    # and once space returns, the same command resumes after step 2, replays its row from the checkpoint,
+    # and every step is logged once.
+    full["on"] = False
+    assert local_entry.main(["--config", str(config_path)]) == local_entry.EXIT_OK
+    assert "resumed from step 2" in capsys.readouterr().out
+    assert jsonl_steps(config) == [1, 2, 3]
 
 
 # --------------------------------------------------------------------------------------

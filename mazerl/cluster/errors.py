@@ -61,3 +61,16 @@ class ResourcesUnavailableError(RuntimeError):
         super().__init__(message)
         self.address = address
         self.waited_s = waited_s
+
+
+class StorageFullJobError(RuntimeError):
+    """The job paused because its disk is full (exit code 3): its message says where and how much room it needs.
+
+    Not retried automatically: minutes later the disk is as full. The checkpoint marker still
+    names the last complete step, so the same command resumes once space is freed.
+    """
+
+    def __init__(self, message: str, *, address: str, submission_id: str):
+        super().__init__(message)
+        self.address = address
+        self.submission_id = submission_id

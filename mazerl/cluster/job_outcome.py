@@ -2,7 +2,9 @@
 
 SUCCEEDED -> :class:`JobOutcome`. FAILED with the entrypoint's exit code 2 (our entrypoints'
 "bad configuration", and argparse's) -> :class:`~mazerl.cluster.errors.JobConfigError`, never
-retried: the same request fails the same way. Any other failure, and STOPPED ->
+retried: the same request fails the same way. Exit code 3 (a full disk: the trainer paused) ->
+:class:`~mazerl.cluster.errors.StorageFullJobError` with the job's own one-line message, never
+retried either. Any other failure, and STOPPED ->
 :class:`~mazerl.cluster.errors.RetryableJobError` naming the address; the training retry
 resumes from its checkpoint. :class:`~mazerl.cluster.submitter.RayJob` raises what
 :func:`failure_error` gives it for a job that did not succeed.
@@ -13,10 +15,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from mazerl.cluster.errors import JobConfigError, RetryableJobError
+from mazerl.cluster.errors import JobConfigError, RetryableJobError, StorageFullJobError
 from mazerl.cluster.job_spec import job_status
 
 CONFIG_ERROR_EXIT_CODE = 2
+NO_SPACE_EXIT_CODE = 3
+PAUSED_PREFIX = "training paused: "  # the line a trainer that paused on a full disk prints
 _EXIT_CODE = re.compile(r"exit code (-?\d+)")
 
 
@@ -34,7 +38,9 @@ class JobOutcome:
     metadata: dict[str, str] = field(default_factory=dict)  # the followed job's (another run's, if re-attached)
 
 
-def failure_error(info, *, submission_id: str, address: str, tail: str) -> JobConfigError | RetryableJobError:
+def failure_error(
+    info, *, submission_id: str, address: str, tail: str
+) -> JobConfigError | RetryableJobError | StorageFullJobError:
     """The error for a job that ended without succeeding (``info``: Ray's JobInfo), with its last log lines."""
     status = job_status(info)
     if status == "STOPPED":
@@ -45,6 +51,13 @@ def failure_error(info, *, submission_id: str, address: str, tail: str) -> JobCo
             submission_id=submission_id,
         )
     exit_code = job_exit_code(info)
+    if exit_code == NO_SPACE_EXIT_CODE:
+        paused = [line.split(PAUSED_PREFIX, 1)[1] for line in tail.splitlines() if PAUSED_PREFIX in line]
+        return StorageFullJobError(
+            f"the training paused: {paused[-1]}" if paused else f"job {submission_id} paused on a full disk:\n{tail}",
+            address=address,
+            submission_id=submission_id,
+        )
     if exit_code == CONFIG_ERROR_EXIT_CODE:
         return JobConfigError(
             f"job {submission_id} at {address} rejected its configuration (exit code 2); fix the "

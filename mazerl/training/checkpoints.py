@@ -39,6 +39,7 @@ import torch
 
 from mazerl.atomic import install_dir, temporary_sibling, write_text
 from mazerl.fingerprint import mismatch, model_fingerprint
+from mazerl.training.disk_room import StorageFullError, check_room, dir_bytes, full_message, has_room, is_no_space
 
 MARKER = "latest_ckpt_global_step.txt"
 BASE_MODEL_RECORD = "base_model.json"
@@ -215,18 +216,26 @@ def _step_of(path: Path) -> int | None:
 
 
 def save(
-    root: Path, step: int, write: Callable[[Path], None], keep: int, metrics: dict[str, float] | None = None
+    root: Path,
+    step: int,
+    write: Callable[[Path], None],
+    keep: int,
+    metrics: dict[str, float] | None = None,
+    need_bytes: int = 0,
 ) -> Checkpoint:
     """Build a checkpoint with ``write(tmp_dir)``, rename it into place, move the marker, prune.
 
     A crash at any point leaves the marker on the previous complete checkpoint: the
     temporary directory is ignored (and cleared on the next save of that step). ``metrics``
     (the step's row) goes into the checkpoint too, so a crash after the marker moved but
-    before the row reached ``metrics.jsonl`` loses nothing (:func:`replay_metrics`).
+    before the row reached ``metrics.jsonl`` loses nothing (:func:`replay_metrics`). Too little
+    room for it (the previous checkpoint's size, else ``need_bytes``), or a write failing with
+    ENOSPC, is a :class:`~mazerl.training.disk_room.StorageFullError` (:mod:`~mazerl.training.disk_room`).
     """
     root = Path(root)
     final = step_dir(root, step)
     tmp = temporary_sibling(final)
+    check_room(root, checkpoint_bytes(root) or need_bytes, f"checkpoint step {step}", resume_note(root))
     try:
         root.mkdir(parents=True, exist_ok=True)
         for stale in root.glob(f".{final.name}.tmp-*"):
@@ -243,6 +252,8 @@ def save(
         raise
     except Exception as exc:  # OSError, and torch's RuntimeError for a full disk ("unexpected pos ...")
         shutil.rmtree(tmp, ignore_errors=True)
+        if is_no_space(exc) or not has_room(root, checkpoint_bytes(root) or need_bytes):  # torch's says no errno
+            raise StorageFullError(full_message(root, f"checkpoint step {step}", resume_note(root))) from exc
         raise CheckpointWriteError(_write_failure(root, step, exc)) from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -258,20 +269,31 @@ def _write_failure(root: Path, step: int, exc: Exception) -> str:
     except OSError:
         free = "its free space cannot be read"
     writable = os.access(root, os.W_OK) if root.exists() else os.access(root.parent, os.W_OK)
-    try:
-        previous = read_marker(root)
-    except (OSError, CheckpointError):
-        previous = None
-    kept = (
-        f"the marker still names step {previous}, which is intact, and a retry resumes after it"
-        if previous is not None
-        else "no earlier checkpoint exists, so a retry starts from step 0"
-    )
     return (
         f"could not write checkpoint step {step} under {root} ({type(exc).__name__}: {exc}); {free}"
         + ("" if writable else ", and it is read-only or not writable by this user")
-        + f". Free space or make {root} writable, then run again: {kept}"
+        + f". Free space or make {root} writable, then run again: {resume_note(root)}"
     )
+
+
+def resume_note(root: Path) -> str:
+    """Where the next attempt resumes: after the step the marker still names, or from the start."""
+    try:
+        previous = read_marker(root) if Path(root).is_dir() else None
+    except (OSError, CheckpointError):
+        previous = None
+    if previous is None:
+        return "no earlier checkpoint exists, so the run starts its training from step 0"
+    return f"the marker still names step {previous}, which is intact, and the run resumes after it"
+
+
+def checkpoint_bytes(root: Path) -> int:
+    """The size of the checkpoint the marker names (0: none yet): what the next one will need."""
+    try:
+        step = read_marker(root) if Path(root).is_dir() else None
+    except (OSError, CheckpointError):
+        return 0
+    return dir_bytes(step_dir(root, step)) if step is not None else 0
 
 
 def prune(root: Path, keep: int) -> list[Path]:

@@ -1,7 +1,9 @@
 """Ray-job entrypoint of the local GRPO backend: ``python -m mazerl.training.local_entry --config FILE``.
 
 Exit codes are the submitter's contract: 0 the run completed (or was already complete),
-2 a configuration error (retrying cannot help), 1 anything else (retry from the checkpoint).
+2 a configuration error (retrying cannot help), 3 the disk is full (the run pauses: one line
+says where and how much room it needs, and the same command resumes once space is freed;
+:mod:`~mazerl.training.disk_room`), 1 anything else (retry from the checkpoint).
 Configuration errors are every ``ValueError``, as in ``skyrl_entry``: the config's own checks,
 a training pool larger than the world, PEFT's "target modules not found", a model that does
 not load. Training is deterministic from its checkpoint, so a retry would meet them again;
@@ -15,6 +17,7 @@ and ``MLFLOW_RUN_ID`` (set by the orchestrator for the ``train`` child run).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
@@ -23,12 +26,13 @@ import yaml
 
 from mazerl.cluster.metrics import TrainingMetrics
 from mazerl.input_files import read_config_file
-from mazerl.training.checkpoints import CheckpointError, CheckpointWriteError
+from mazerl.training.checkpoints import CheckpointError, CheckpointWriteError, resume_note
 from mazerl.training.config import TrainConfig, TrainingConfigError, load_config
+from mazerl.training.disk_room import StorageFullError, full_message, is_no_space
 from mazerl.training.local_trainer import LocalGRPOTrainer
 from mazerl.training.trainer_lock import one_trainer
 
-EXIT_OK, EXIT_FAILURE, EXIT_CONFIG_ERROR = 0, 1, 2
+EXIT_OK, EXIT_FAILURE, EXIT_CONFIG_ERROR, EXIT_NO_SPACE = 0, 1, 2, 3
 
 
 def log(message: str) -> None:
@@ -116,14 +120,22 @@ def train(config: TrainConfig) -> int:
     except (ValueError, CheckpointError) as exc:  # TrainingConfigError and ModelLoadError are ValueErrors
         log(f"configuration error: {_named(exc)}")
         return EXIT_CONFIG_ERROR
-    except CheckpointWriteError as exc:  # disk full, read-only: retryable once the file system has room
+    except StorageFullError as exc:  # checked before each checkpoint, or a write that met ENOSPC
+        log(f"training paused: {exc}")
+        return EXIT_NO_SPACE
+    except CheckpointWriteError as exc:  # read-only, an I/O error: retryable once the file system is back
         log(f"training failed: {exc}")
         return EXIT_FAILURE
-    except Exception:
+    except Exception as exc:
+        if is_no_space(exc):  # the step's metrics row, a log file: the same pause
+            where = resume_note(config.checkpoint_dir)
+            log(f"training paused: {full_message(config.run_dir, 'the run directory', where)}")
+            return EXIT_NO_SPACE
         log("training failed:\n" + traceback.format_exc())
         return EXIT_FAILURE
     finally:
-        sink.close()
+        with contextlib.suppress(OSError):  # a full disk: the rows wait in metrics.jsonl for the next attempt
+            sink.close()
     log(
         f"done: steps {result.start_step + 1}..{result.final_step} ({result.steps_run} run) in "
         f"{result.wall_seconds:.0f}s; checkpoint {result.checkpoint}"

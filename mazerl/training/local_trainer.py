@@ -59,22 +59,11 @@ from mazerl.starter.record import recorded_context_mode
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, TrainingConfigError, record_config
 from mazerl.training.data import epoch_of_step, order_state, record_success, recorded_success, step_mazes
-from mazerl.training.grpo import (
-    LOSS_REDUCTIONS,
-    group_advantages,
-    micro_batch_loss,
-    mini_batches,
-    turn_advantages,
-)
+from mazerl.training.disk_room import check_room, checkpoint_need
+from mazerl.training.grpo import LOSS_REDUCTIONS, group_advantages, micro_batch_loss, mini_batches, turn_advantages
 from mazerl.training.lora_adapter import attach_lora
 from mazerl.training.lr_schedule import step_scheduler
-from mazerl.training.scoring import (
-    PackedScorer,
-    TurnSample,
-    decision_mask,
-    log_probs_before_update,
-    reply_mask,
-)
+from mazerl.training.scoring import PackedScorer, TurnSample, decision_mask, log_probs_before_update, reply_mask
 from mazerl.training.seeding import rng_state, seed_everything, step_seed
 
 
@@ -367,7 +356,8 @@ class LocalGRPOTrainer:
             )
 
         started = time.perf_counter()
-        saved = checkpoints.save(config.checkpoint_dir, step, write, keep=config.checkpoints_kept, metrics=metrics)
+        need = checkpoint_need(self.model, self.optimizer)
+        saved = checkpoints.save(config.checkpoint_dir, step, write, config.checkpoints_kept, metrics, need)
         self.log(f"checkpoint step {step} -> {saved.path} ({time.perf_counter() - started:.1f}s)")
         return saved
 
@@ -385,7 +375,13 @@ class LocalGRPOTrainer:
         if start_step >= config.steps:
             self.log(f"already complete at step {start_step} (steps={config.steps}); nothing to train")
             return self._finish(start_step, start_step, resume_from, started)
-        self._build(resume_from)
+        self._build(resume_from)  # then room for a checkpoint, before the first step is spent
+        check_room(
+            config.checkpoint_dir,
+            checkpoint_need(self.model, self.optimizer),
+            "a checkpoint",
+            checkpoints.resume_note(config.checkpoint_dir),
+        )
         self.log(
             f"training {config.run_id}: steps {start_step + 1}..{config.steps}, "
             f"{config.mazes_per_step} mazes x {config.group_size} samples per step, device {self.device}"
