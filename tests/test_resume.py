@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -171,6 +172,79 @@ def test_the_latest_interrupted_run_of_the_same_parameters_is_found_and_its_dead
     # A run whose latest flow run completed is not resumed: its next `mazerl run` is a new run.
     flow_run(params, Completed())
     assert find_interrupted_run(pipeline, params) is None
+
+
+def test_a_failed_run_stays_resumable_and_only_a_completed_or_cancelled_one_makes_the_next_command_new(
+    prefect_api, mlflow_root
+):
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled, Completed, Failed
+
+    from flows.pipeline import pipeline
+
+    params = PipelineParams(data_root=str(mlflow_root), training={"steps": 5})
+
+    def latest(state) -> str | None:
+        with get_client(sync_client=True) as client:
+            client.create_flow_run(pipeline, parameters={"params": params.model_dump(mode="json")}, state=state)
+        found = find_interrupted_run(pipeline, params)
+        return found.state if found else None
+
+    # A run that failed mid-way (a full disk, a lost cluster) is resumed by the same command,
+    assert latest(Failed()) == "FAILED"
+    # a completed one or one cancelled on purpose is not: the next command starts a new run.
+    assert latest(Completed()) is None
+    assert latest(Cancelled()) is None
+
+
+def test_a_command_with_other_parameters_names_the_unfinished_runs_it_passes_by_and_how_to_resume_each(
+    prefect_api, mlflow_root
+):
+    from prefect.client.orchestration import get_client
+    from prefect.states import Running
+
+    from cli.resume import abandoned_runs, differences, hold_run_lock
+    from flows.pipeline import pipeline
+    from mazerl.params import PipelineParams as Params
+
+    killed = PipelineParams(data_root=str(mlflow_root), preset="smoke", training={"steps": 200})
+    alive = PipelineParams(data_root=str(mlflow_root), preset="smoke", training={"steps": 300})
+    now = PipelineParams(data_root=str(mlflow_root), preset="smoke", training={"steps": 50})
+    with get_client(sync_client=True) as client:
+        for values in (killed, alive):
+            client.create_flow_run(pipeline, parameters={"params": values.model_dump(mode="json")}, state=Running())
+    # Given a run killed outright and a run still running (its mazerl run holds its lock), both of other
+    # parameters than this command's on the same data root,
+    lock = hold_run_lock(alive)
+    try:
+        passed_by = abandoned_runs(pipeline, now)
+    finally:
+        lock.release()
+    # then only the killed one is named, with what differs,
+    assert [run.params for run in passed_by] == [killed], passed_by
+    assert differences(killed, now) == "training.steps 200 -> 50"
+    # and the command it prints resumes exactly that run: its parameters file holds the same identity.
+    words = shlex.split(passed_by[0].resume_command())
+    assert words[0].endswith("mazerl") and words[1:3] == ["run", "--params"] and len(words) == 4, words
+    params_file = Path(words[3])
+    assert run_identity(Params.model_validate(json.loads(params_file.read_text()))) == run_identity(killed)
+
+
+def test_an_edited_train_config_is_refused_on_resume_naming_the_file_the_settings_and_the_fix(tmp_path):
+    from mazerl.training.config import TrainingConfigError, check_unedited, record_config
+
+    params = PipelineParams(data_root=str(tmp_path), preset="smoke")
+    config = params.train_config("r-1", tmp_path / "model")
+    check_unedited(config)  # nothing recorded yet: nothing to compare
+    path = record_config(config)
+    check_unedited(config.model_copy(update={"mlflow": config.mlflow.model_copy(update={"run_id": "x"})}))
+    recorded = json.loads(path.read_text())
+    path.write_text(json.dumps(recorded | {"learning_rate": 0.5}))
+    with pytest.raises(TrainingConfigError, match=r"train_config.json was edited .*learning_rate differ.*--fresh"):
+        check_unedited(config)
+    path.write_text("{")
+    with pytest.raises(TrainingConfigError, match="cannot be read as a training config"):
+        check_unedited(config)
 
 
 # --------------------------------------------------------------------------------------
