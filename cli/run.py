@@ -1,19 +1,22 @@
 """``mazerl run``: the pipeline flow on this machine, with nothing configured beforehand.
 
-It checks every input first (flags, the parameters file, :mod:`mazerl.preflight`, the Ray
-address or the embedded head's temp dir), so a bad input is refused in about a second, exit
-code 2, before Prefect or Ray start and before anything is written. Then it points Prefect at
-a store under the data root (unless a Prefect API is configured), uses the embedded Ray head
-if no address is given (started if none runs, stopped when the last run using it ends), runs
-the flow, and prints where everything landed.
+It checks every input first (flags, the parameters file, :mod:`mazerl.preflight`, Prefect's
+environment, the Ray address or the embedded head's temp dir), so a bad input is refused in
+about a second, exit code 2, before Prefect or Ray start and before anything is written. Then,
+unless a Prefect API is configured, it starts Prefect's server over a store under the data root
+in a session of its own (:mod:`cli.prefect_server`), uses the embedded Ray head if no address is
+given (started if none runs, stopped when the last run using it ends), runs the flow, and prints
+where everything landed. Ctrl-C (which a terminal sends to its whole foreground process group)
+and SIGTERM reach only this process: it marks the flow run Crashed, stops the stage's Ray job,
+releases the head, stops the server, and exits 130 within seconds.
 
-Run again after a kill, it resumes: the interrupted run with the same parameters on the same
-data root continues from its last checkpoint, and ``--fresh`` starts a new one instead
-(:mod:`cli.resume`); a temporary Prefect server the killed run left behind is stopped first
-(:mod:`cli.prefect_server`).
+Run again after an interruption, it resumes: the unfinished run with the same parameters on the
+same data root continues from its newest intact checkpoint, and ``--fresh`` starts a new one
+instead (:mod:`cli.resume`); a temporary Prefect server a killed run left behind is stopped first.
 
 Exit codes: 0 the run completed, 2 a bad input (the message names the flag or parameter and
-the fix), 1 a failure during the run (its record is the failed Prefect flow run).
+the fix), 1 a failure during the run (its record is the failed Prefect flow run; the same command
+resumes it), 130 interrupted (Ctrl-C, SIGTERM; the same command resumes it).
 """
 
 from __future__ import annotations
@@ -251,7 +254,7 @@ def run_command(args: argparse.Namespace) -> int:
         with run_lock, prefect_api():
             return _run_pipeline(args, params, root)
     except (KeyboardInterrupt, Stopped) as exc:  # before or after the flow run: nothing of it to close
-        print(f"\ninterrupted ({type(exc).__name__}): {resume_hint(args)}", file=sys.stderr)
+        print(f"\ninterrupted ({signal_name(exc)}): {resume_hint(args)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except prefect_server.PrefectServerError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -291,7 +294,7 @@ def _run_pipeline(args: argparse.Namespace, params: PipelineParams, root: Path) 
             print("its record: prefect flow-run ls --state Failed; prefect flow-run logs <id>", file=sys.stderr)
             return EXIT_BAD_INPUT if isinstance(exc, ValueError) else EXIT_FAILURE
         except (KeyboardInterrupt, TerminationSignal, Stopped) as exc:  # Ctrl-C, SIGTERM: the run is Crashed
-            print(f"\ninterrupted ({type(exc).__name__}): {resume_hint(args)}", file=sys.stderr)
+            print(f"\ninterrupted ({signal_name(exc)}): {resume_hint(args)}", file=sys.stderr)
             return EXIT_INTERRUPTED
     print("\n" + "=" * 72 + "\n" + summary.text())
     print(closing_hints(summary.tracking_uri, root, embedded_head=params.ray_address is None))
@@ -323,6 +326,12 @@ def run_or_resume(flow: Any, params: PipelineParams, *, fresh: bool, ray_address
             flush=True,
         )
     return flow(params, return_state=True)
+
+
+def signal_name(exc: BaseException) -> str:
+    """How the run was stopped, in the words of the user's action: KeyboardInterrupt (Ctrl-C) or SIGTERM."""
+    signum = getattr(exc, "signal", None)  # Prefect's TerminationSignal
+    return str(exc) if isinstance(exc, Stopped) else signal.Signals(signum).name if signum else type(exc).__name__
 
 
 def resume_hint(args: argparse.Namespace) -> str:
