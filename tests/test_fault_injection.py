@@ -475,6 +475,39 @@ def test_a_full_disk_at_the_metrics_row_pauses_the_training_and_the_rerun_logs_e
     assert jsonl_steps(config) == [1, 2, 3]
 
 
+DAMAGED_LATEST = {  # what the issue found, each beside an intact earlier checkpoint
+    "truncated adapter weights": lambda root: (
+        root / "global_step_3" / checkpoints.ADAPTER_SUBDIR / "adapter_model.safetensors"
+    ).write_bytes(b"\x10"),
+    "marker naming a step that does not exist": lambda root: (root / checkpoints.MARKER).write_text("999"),
+    "half-written (empty) marker": lambda root: (root / checkpoints.MARKER).write_text(""),
+}
+
+
+@pytest.mark.parametrize("kind", list(DAMAGED_LATEST))
+def test_the_training_entry_resumes_past_a_damaged_latest_checkpoint_from_the_newest_intact_step(
+    tmp_path, starter_model_dir, monkeypatch, capsys, kind
+):
+    from mazerl.training import local_entry
+
+    config = tiny_config(tmp_path, starter_model_dir, steps=3, checkpoints_kept=3)
+    config_path = save_config(config, tmp_path / "train.json")
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    assert local_entry.main(["--config", str(config_path)]) == local_entry.EXIT_OK
+    capsys.readouterr()
+    # Given a finished run whose latest checkpoint (or its marker) was damaged afterwards,
+    DAMAGED_LATEST[kind](config.checkpoint_dir)
+    # when the training entry runs again, it says what it passes over and resumes from the newest intact step
+    # (never a traceback, never an exit code the submitter would retry), and ends with the marker on step 3,
+    code = local_entry.main(["--config", str(config_path)])
+    out = capsys.readouterr().out
+    assert code == local_entry.EXIT_OK and "Traceback" not in out, out[-3000:]
+    intact = 2 if kind == "truncated adapter weights" else 3
+    assert f"resuming from step {intact}, the newest intact checkpoint" in out, out[-3000:]
+    assert checkpoints.latest(config.checkpoint_dir).step == 3
+    assert jsonl_steps(config) == [1, 2, 3], "each step logged once"
+
+
 # --------------------------------------------------------------------------------------
 # (c) The flow process killed while its Ray job trains; the crashed flow run retried
 # (d) The Ray head gone when a stage starts
