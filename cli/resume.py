@@ -42,7 +42,8 @@ from mazerl.params import PipelineParams
 from mazerl.process_lock import LockHeld, ProcessLock
 from mazerl.starter.build import starter_dir
 from mazerl.training import checkpoints
-from mazerl.training.config import check_unedited, load_config
+from mazerl.training.config import load_config
+from mazerl.training.run_config import check_unedited
 
 # Prefect state types of a run that did not finish: killed or stopped (Crashed; Running or Pending
 # with its process gone), or failed mid-way (a full disk, a lost cluster). Only a Completed run, or

@@ -23,7 +23,9 @@ from mazerl.cluster import capacity
 from mazerl.cluster.capacity import ResourceNeed, wait_for_resources
 from mazerl.cluster.errors import ResourcesUnavailableError
 from mazerl.cluster.job_spec import META_IDENTITY_PREFIX
+from mazerl.cluster.run_requirements import inference_start_timeout_s
 from mazerl.evaluation.evaluate import EvalReport
+from mazerl.merge.memory import weights_bytes
 from mazerl.params import PipelineParams
 from mazerl.progress import annotate_step_line
 from mazerl.reporting.eval_runs import log_baseline_as_step_zero
@@ -31,8 +33,9 @@ from mazerl.tracking.artifacts import log_config_file
 from mazerl.tracking.lineage import stage_run
 from mazerl.tracking.params import log_params
 from mazerl.training import checkpoints
-from mazerl.training.config import TrainConfig, check_unedited, record_config
+from mazerl.training.config import TrainConfig
 from mazerl.training.progress import TrainingProgress
+from mazerl.training.run_config import check_unedited, record_config
 from mazerl.training.skyrl_backend import placement_bundles
 from tasks.context import RunContext, ray_headers
 from tasks.jobs import attempt_number, retry_on_infrastructure, run_stage_job
@@ -106,7 +109,7 @@ def _train(run: RunContext, params: PipelineParams, baseline: EvalReport | None)
             "train",
             ENTRYPOINTS[config.backend],
             config_path,
-            env_vars={"MLFLOW_TRACKING_URI": run.tracking_uri, "MLFLOW_RUN_ID": run_id},
+            env_vars={"MLFLOW_TRACKING_URI": run.tracking_uri, "MLFLOW_RUN_ID": run_id} | _backend_env(run, config),
             hang_timeout_s=params.hang_timeout_s,
             progress_probe=progress,
             on_line=on_line,
@@ -140,6 +143,15 @@ def _train(run: RunContext, params: PipelineParams, baseline: EvalReport | None)
         submission_id=outcome.submission_id,
         resumed_from=resumed_from,
     )
+
+
+def _backend_env(run: RunContext, config: TrainConfig) -> dict[str, str]:
+    """The backend's own settings for its job: SkyRL's wait for its vLLM servers, sized to the model
+    (SkyRL forwards every SKYRL_* variable of the job to its workers)."""
+    if config.backend != "skyrl":
+        return {}
+    timeout = inference_start_timeout_s(weights_bytes(run.base_model), config.skyrl.num_nodes)
+    return {"SKYRL_WAIT_UNTIL_INFERENCE_SERVER_HEALTHY_TIMEOUT_S": str(timeout)}
 
 
 def _marker_step(config: TrainConfig) -> int:

@@ -35,7 +35,7 @@ def train_in_bundle(config_path: str) -> int:
 
     import ray
 
-    from mazerl.training import local_entry
+    from mazerl.training import local_entry, local_trainer
     from mazerl.training.local_trainer import LocalGRPOTrainer
 
     print(f"{TRAINING_ON}{ray.get_runtime_context().get_node_id()}", flush=True)  # the rehearsal kills that node
@@ -48,6 +48,10 @@ def train_in_bundle(config_path: str) -> int:
         return rollout(self, step)
 
     LocalGRPOTrainer._rollout = paced_rollout
+    # SkyRL's entry never rewrites the stage's train_config.json (backend: skyrl); the local engine standing
+    # in for it trains from a backend-local copy and would record that copy there, which a retry then
+    # refuses as an edited config. Keep the stage's file as SkyRL leaves it.
+    local_trainer.record_config = lambda config: config.run_dir / "train_config.json"
 
     return local_entry.main(["--config", config_path])
 

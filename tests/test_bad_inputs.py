@@ -184,6 +184,8 @@ def fake_checkpoint(w: World, fingerprint: str | None = None, adapter_config: st
         (adapter / "adapter_config.json").write_text(adapter_config or json.dumps(lora))
         state = {"global_step": 1, "base_model_fingerprint": fingerprint or model_fingerprint(w.model_dir)}
         checkpoints.save_trainer_state(path, state)
+        for name in checkpoints.LOCAL_POLICY_FILES:  # the local backend's optimizer and RNG state: a resume loads them
+            torch.save({}, path / name)
 
     checkpoints.save(config.checkpoint_dir, 1, write, keep=2)
     return config
@@ -401,7 +403,7 @@ CASES = [
         "trainer",
         lambda w: trainer_gate(fake_checkpoint(w, adapter_config="{not json")),
         "adapter_config.json",
-        "restore that checkpoint, or delete",
+        "restore a checkpoint, or start the run anew",
     ),
     Case(
         "malformed adapter config (rank 0)",

@@ -195,7 +195,8 @@ def test_the_free_space_row_sizes_skyrls_full_model_checkpoints_and_the_merged_c
     # rank 32 on the seven projections of 36 blocks: 32 x 36 x (8192 + 5120 + 5120 + 8192 + 3 x 16384)
     assert lora_parameters(QWEN3_VL_8B_DIMS, 32, skyrl.lora_targets) == 87_293_952
     checkpoint = skyrl.checkpoint_bytes(QWEN3_VL_8B_WEIGHTS, QWEN3_VL_8B_DIMS)
-    assert 18.5e9 < checkpoint < 19.5e9, "the whole model (17.5 GB) plus the adapter and its optimizer state"
+    # SkyRL trains the policy in fp32 (FSDP2 keeps fp32 shards): twice the bf16 files, plus the adapter state
+    assert 36e9 < checkpoint < 37e9, "the whole model in fp32 (35.1 GB) plus the adapter and its optimizer state"
     parts = skyrl.parts(QWEN3_VL_8B_WEIGHTS, QWEN3_VL_8B_DIMS)
     total = sum(size for _, size in parts)
     assert total == 3 * checkpoint + QWEN3_VL_8B_WEIGHTS, "3 checkpoints at the peak, the merged model, no MLflow copy"
@@ -209,7 +210,11 @@ def test_the_free_space_row_sizes_skyrls_full_model_checkpoints_and_the_merged_c
     }
     _, row = _storage_rows(probe, "/shared", None, skyrl)
     assert not row.ok and f">= {total / GIB:.1f} GiB free under /shared" in row.expected
-    assert "3 checkpoints x 17.6" in row.expected and "SkyRL FSDP state" in row.expected, row.expected
+    assert "3 checkpoints x 33.96 GiB (SkyRL FSDP state: the whole model in fp32" in row.expected, row.expected
+    assert "about 4 min each at 150 MB/s" in row.expected and 118 < total / GIB < 119, row.expected
+    # A model stored in fp32 already is not doubled.
+    _, fp32_row = _storage_rows(probe | {"base_model": probe["base_model"] | {"dtype_bytes": 4}}, "/s", None, skyrl)
+    assert "3 checkpoints x 17.6" in fp32_row.expected, fp32_row.expected
     assert "MLflow copy 0 (above max_artifact_mb 512" in row.expected, row.expected
     # The local backend's checkpoints are the adapter and its optimizer state only; a small model is copied to MLflow.
     local = requirements_for(TrainConfig(run_id="r", base_model=tmp_path), mlflow_store_in_data_root=True)["footprint"]
@@ -340,3 +345,26 @@ def test_gpu_rows_report_each_worker_and_a_worker_whose_gpus_are_taken_without_b
     assert "b: not checked, its GPUs stay taken by another job" in rows["gpu.vllm_generate"].found
     taken = {row.name: row for row in gpu_rows({"gpu_smoke": workers[1:]}, smoke)}
     assert all(not row.ok and row.advisory for row in taken.values()), "nothing checked: shown, not blocking"
+
+
+def test_skyrls_wait_for_its_vllm_servers_is_sized_to_the_weights_each_node_reads_and_never_below_its_default():
+    from mazerl.cluster.run_requirements import SKYRL_HEALTH_TIMEOUT_DEFAULT_S, inference_start_timeout_s
+
+    # 3 nodes read 17.5 GB each at 150 MB/s: 350 s; twice that plus 5 minutes, past SkyRL's 600 s
+    assert inference_start_timeout_s(QWEN3_VL_8B_WEIGHTS, 3) == 1001
+    assert inference_start_timeout_s(100 * 2**20, 1) == SKYRL_HEALTH_TIMEOUT_DEFAULT_S, "a small model: the default"
+
+
+def test_a_skyrl_train_job_gets_skyrls_vllm_wait_sized_to_its_model_and_a_local_one_nothing(tmp_path):
+    from types import SimpleNamespace
+
+    from tasks.training import _backend_env
+
+    model = tmp_path / "model"
+    model.mkdir()
+    with open(model / "model.safetensors", "wb") as weights:  # sparse: the size of Qwen3-VL-8B's files, no disk
+        weights.truncate(QWEN3_VL_8B_WEIGHTS)
+    run = SimpleNamespace(base_model=model)
+    skyrl = TrainConfig(run_id="r", base_model=model, backend="skyrl", skyrl={"num_gpus": 2, "num_nodes": 3})
+    assert _backend_env(run, skyrl) == {"SKYRL_WAIT_UNTIL_INFERENCE_SERVER_HEALTHY_TIMEOUT_S": "1001"}
+    assert _backend_env(run, TrainConfig(run_id="r", base_model=model)) == {}

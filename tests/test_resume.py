@@ -231,7 +231,8 @@ def test_a_command_with_other_parameters_names_the_unfinished_runs_it_passes_by_
 
 
 def test_an_edited_train_config_is_refused_on_resume_naming_the_file_the_settings_and_the_fix(tmp_path):
-    from mazerl.training.config import TrainingConfigError, check_unedited, record_config
+    from mazerl.training.config import TrainingConfigError
+    from mazerl.training.run_config import check_unedited, record_config
 
     params = PipelineParams(data_root=str(tmp_path), preset="smoke")
     config = params.train_config("r-1", tmp_path / "model")

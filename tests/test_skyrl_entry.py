@@ -10,7 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
+from safetensors.torch import save_file
 
 from mazerl.fingerprint import model_fingerprint
 from mazerl.training import checkpoints
@@ -52,7 +54,7 @@ def fake_checkpoint(config_path: Path, step: int, complete: bool = True) -> None
         adapter = directory / checkpoints.ADAPTER_SUBDIR
         adapter.mkdir(parents=True)
         (adapter / "adapter_config.json").write_text("{}")
-        (adapter / "adapter_model.safetensors").write_bytes(b"")
+        save_file({"x.lora_A.weight": torch.zeros(2, 2)}, str(adapter / "adapter_model.safetensors"))
 
     checkpoints.save(config.checkpoint_dir, step, write, keep=2)
     if not complete:  # SkyRL writes in place: a torn directory under a marker must be refused
@@ -162,7 +164,7 @@ def test_a_torn_checkpoint_under_the_marker_is_refused_not_trusted(tmp_path, cap
     path = write_config(tmp_path, steps=10)
     fake_checkpoint(path, step=10, complete=False)
     assert main(["--config", str(path)]) == EXIT_CONFIG
-    assert "incomplete" in capsys.readouterr().out
+    assert "checkpoint step 10 is damaged: missing trainer_state.pt" in capsys.readouterr().out
 
 
 def test_completed_step_is_none_without_a_marker(tmp_path):

@@ -43,6 +43,7 @@ WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}
 MODEL_DIMS = (
     "hidden_size",
     "intermediate_size",
@@ -93,6 +94,9 @@ def check_model_dir(model_dir: str) -> dict[str, Any]:
         text = config.get("text_config") or config if isinstance(config, dict) else {}
         # the language model's dimensions: verify_cluster sizes the run's LoRA checkpoints from them
         result["dims"] = {key: text[key] for key in MODEL_DIMS if isinstance(text.get(key), int)}
+        # bytes per weight in the files (bf16: 2), against which SkyRL's fp32 checkpoints are sized
+        dtype = config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype") or text.get("dtype")
+        result["dtype_bytes"] = DTYPE_BYTES.get(str(dtype), 2)
     except FileNotFoundError:
         result["missing"].append("config.json")
     except (OSError, ValueError) as exc:

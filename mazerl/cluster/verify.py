@@ -37,6 +37,7 @@ waiting on timeouts; the independent rows still run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import time
@@ -351,6 +352,7 @@ def _storage_rows(
         model = probe.get("base_model") or {}
         weights = int(model.get("weights_bytes", 0))
         plan = footprint or DiskFootprint("local", 3, 32, tuple(LORA_SHAPES), 512 * 2**20)
+        plan = dataclasses.replace(plan, stored_bytes_per_param=int(model.get("dtype_bytes", 2)))
         parts = plan.parts(weights, model.get("dims")) if weights else []
         required_free_bytes = sum(size for _, size in parts)
         expected = f">= {required_free_bytes / GIB:.1f} GiB free under {data_root}" + (

@@ -196,3 +196,18 @@ def _finish(episode: _Running, maze_id: str) -> Episode:
         optimal_moves=optimal_moves(layout),
         frames=episode.frames,
     )
+
+
+def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """What a training step's rollout did, as its ``train/`` metrics: reward, success, reply length,
+    unparsed replies, moves, shaping."""
+    return {
+        "train/reward_mean": float(np.mean([e.reward for e in episodes])),
+        "train/success_rate": float(np.mean([e.solved for e in episodes])),
+        "train/response_tokens": float(np.mean([sum(len(t.response_ids) for t in e.turns) for e in episodes])),
+        "train/parse_failure_rate": float(
+            sum(e.parse_failures for e in episodes) / max(sum(e.moves for e in episodes), 1)
+        ),
+        "train/moves_mean": float(np.mean([e.moves for e in episodes])),
+        "train/shaping_mean": float(np.mean([e.shaping for e in episodes])),
+    }

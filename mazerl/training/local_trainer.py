@@ -50,19 +50,20 @@ from mazerl.eval_files import EVAL_METRICS
 from mazerl.evaluation.summary import result_row
 from mazerl.fingerprint import model_fingerprint
 from mazerl.policy.engines import GenerationSettings, stop_ids
-from mazerl.policy.episodes import Episode, run_episodes
+from mazerl.policy.episodes import Episode, rollout_metrics, run_episodes
 from mazerl.policy.loader import ModelLoadError, load_policy, read_adapter_config
 from mazerl.policy.prefix_engine import PrefixCachingEngine
 from mazerl.policy.vision_cache import VisionCache
 from mazerl.progress import ProgressMeter, step_line
 from mazerl.starter.record import recorded_context_mode
 from mazerl.training import checkpoints
-from mazerl.training.config import TrainConfig, TrainingConfigError, record_config
+from mazerl.training.config import TrainConfig, TrainingConfigError
 from mazerl.training.data import epoch_of_step, order_state, record_success, recorded_success, step_mazes
 from mazerl.training.disk_room import check_room, checkpoint_need
 from mazerl.training.grpo import LOSS_REDUCTIONS, group_advantages, micro_batch_loss, mini_batches, turn_advantages
 from mazerl.training.lora_adapter import attach_lora
 from mazerl.training.lr_schedule import step_scheduler
+from mazerl.training.run_config import record_config
 from mazerl.training.scoring import PackedScorer, TurnSample, decision_mask, log_probs_before_update, reply_mask
 from mazerl.training.seeding import rng_state, seed_everything, step_seed
 
@@ -357,7 +358,8 @@ class LocalGRPOTrainer:
 
         started = time.perf_counter()
         need = checkpoint_need(self.model, self.optimizer)
-        saved = checkpoints.save(config.checkpoint_dir, step, write, config.checkpoints_kept, metrics, need)
+        keep = config.checkpoints_kept
+        saved = checkpoints.save(config.checkpoint_dir, step, write, keep=keep, metrics=metrics, need_bytes=need)
         self.log(f"checkpoint step {step} -> {saved.path} ({time.perf_counter() - started:.1f}s)")
         return saved
 
@@ -400,15 +402,7 @@ class LocalGRPOTrainer:
             update_metrics = self._update(samples) if samples else {"train/policy_loss": 0.0, "train/grad_norm": 0.0}
             self.scheduler.step()
             update_seconds = time.perf_counter() - update_started
-            metrics = {
-                "train/reward_mean": float(np.mean([e.reward for e in episodes])),
-                "train/success_rate": float(np.mean([e.solved for e in episodes])),
-                "train/response_tokens": float(np.mean([sum(len(t.response_ids) for t in e.turns) for e in episodes])),
-                "train/parse_failure_rate": float(
-                    sum(e.parse_failures for e in episodes) / max(sum(e.moves for e in episodes), 1)
-                ),
-                "train/moves_mean": float(np.mean([e.moves for e in episodes])),
-                "train/shaping_mean": float(np.mean([e.shaping for e in episodes])),
+            metrics = rollout_metrics(episodes) | {
                 "train/learning_rate": learning_rate,
                 **update_metrics,
                 "train/rollout_seconds": rollout_seconds,
