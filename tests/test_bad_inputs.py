@@ -1722,6 +1722,39 @@ def test_a_real_mlflow_server_passes_the_tracking_check_and_a_look_alike_does_no
         check_tracking_uri(web_servers["plain"], "vlm-maze-grpo")
 
 
+class MlflowTwo(PlainWeb):
+    """Stand-in for an MLflow 2 server (none can be installed beside MLflow 3 here): its REST answer for an
+    experiment the run will create, and its ``/version`` route, as MLflow 2.22 sends them."""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if self.path.startswith("/version"):
+            body, kind, status = b"2.22.1", "text/html", 200
+        else:
+            body = json.dumps({"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "No experiment"}).encode()
+            kind, status = "application/json", 404
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_an_mlflow_2_server_is_refused_before_the_run_naming_its_version_and_mlflow_3():
+    """The merge logs the model with MLflow 3's logged-model API: an MLflow 2 server would fail it after training."""
+    from mazerl.preflight.input_error import InputError
+    from mazerl.preflight.tracking_store import check_tracking_uri
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), MlflowTwo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(
+            InputError, match=r"version 2\.22\.1, and the run needs MLflow >= 3.*pip install 'mlflow>=3'"
+        ):
+            check_tracking_uri(f"http://127.0.0.1:{server.server_address[1]}", "vlm-maze-grpo")
+    finally:
+        server.shutdown()
+
+
 # --- what mazerl creates is private to its user ----------------------------------------------------
 
 

@@ -21,6 +21,7 @@ from mazerl.preflight.input_error import InputError, short_message
 
 MLFLOW_PROBE = "/api/2.0/mlflow/experiments/get-by-name"  # MLflow's REST API: the call a run makes first
 SQLITE_HEADER = b"SQLite format 3\x00"
+MIN_MLFLOW_SERVER_MAJOR = 3
 
 
 def check_tracking_uri(uri: str, experiment: str | None = None, *, embedded: bool = False) -> None:
@@ -73,6 +74,7 @@ def _check_mlflow_server(uri: str, experiment: str) -> None:
     data = answer.json()
     if isinstance(data, dict) and ("experiment" in data or "error_code" in data):
         if answer.status == 200 or data.get("error_code") == "RESOURCE_DOES_NOT_EXIST":
+            _check_mlflow_version(uri)
             return  # MLflow answered: the experiment is there, or is created when the run starts
         message = short_message(f"{data.get('error_code')}: {data.get('message', '')}")
         raise _tracking_error(
@@ -87,6 +89,25 @@ def _check_mlflow_server(uri: str, experiment: str) -> None:
         "give the MLflow server's own address and port (mlflow server prints it, e.g. http://127.0.0.1:5000), or "
         "leave tracking_uri empty for the embedded store",
     )
+
+
+def _check_mlflow_version(uri: str) -> None:
+    """The server is MLflow 3 or newer: the merge stage logs the model with MLflow 3's logged-model API,
+    which an MLflow 2 server lacks, and it would fail there only after the GPU hours of training.
+    A server that does not say its version (``/version``, which every MLflow server has) is let through."""
+    answer = fetch(f"{uri.rstrip('/')}/version", headers=mlflow_auth_headers(), context=mlflow_tls_context())
+    if isinstance(answer, str) or answer.status != 200:
+        return
+    version = answer.body.decode(errors="replace").strip()
+    major = version.split(".", 1)[0]
+    if major.isdigit() and int(major) < MIN_MLFLOW_SERVER_MAJOR:
+        raise _tracking_error(
+            uri,
+            f"the MLflow server is version {version}, and the run needs MLflow >= {MIN_MLFLOW_SERVER_MAJOR} (the merge "
+            "logs the model with MLflow 3's logged-model API)",
+            "upgrade the server (pip install 'mlflow>=3' where it runs, then restart it), or leave tracking_uri empty "
+            "for the embedded store",
+        )
 
 
 def mlflow_auth_headers() -> dict[str, str]:
