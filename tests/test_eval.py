@@ -174,3 +174,40 @@ def test_eval_command_with_a_dashboard_address_runs_the_eval_as_a_ray_job_there(
     jobs = [job for job in client.list_jobs() if str(request) in job.entrypoint]
     assert [(job.status, job.metadata["mazerl_stage"]) for job in jobs] == [("SUCCEEDED", "eval")], "one job ran it"
     assert json.loads(request.read_text())["out_dir"] == str(out.resolve())
+
+
+def test_eval_workers_that_the_cluster_cannot_place_fail_within_the_bound_naming_the_job_that_holds_it(
+    local_ray_head, local_ray
+):
+    """A baseline eval started while another job holds the cluster used to wait forever for its actors."""
+    import time
+
+    from ray.job_submission import JobSubmissionClient
+
+    from mazerl.evaluation.placement import WorkersNotPlaced, reserve_workers
+
+    client = JobSubmissionClient(local_ray_head.address, headers=local_ray_head.auth_headers())
+    # Given another job holding both CPUs of the head,
+    holder = client.submit_job(entrypoint="sleep 120", entrypoint_num_cpus=2, submission_id=f"holder-{time.time_ns()}")
+    try:
+        deadline = time.monotonic() + 60
+        while str(client.get_job_status(holder)) != "RUNNING":
+            assert time.monotonic() < deadline, "the holding job did not start"
+            time.sleep(0.5)
+        # when an eval asks for a worker of one CPU, it is refused after the wait, naming that job and the fix,
+        started = time.monotonic()
+        with pytest.raises(
+            WorkersNotPlaced, match=rf"not placed within 3 s.*{holder} \(RUNNING\).*ray job stop {holder}"
+        ):
+            reserve_workers(1, 1, 0, wait_s=3)
+        assert time.monotonic() - started < 30
+    finally:
+        client.stop_job(holder)
+    # and once the cluster is free, the same workers are placed.
+    deadline = time.monotonic() + 60
+    while str(client.get_job_status(holder)) not in ("STOPPED", "SUCCEEDED", "FAILED"):
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    from ray.util.placement_group import remove_placement_group
+
+    remove_placement_group(reserve_workers(1, 1, 0, wait_s=30))

@@ -37,6 +37,7 @@ from mazerl.atomic import write_bytes, write_json, write_jsonl
 from mazerl.cluster.ray_driver import ray_driver
 from mazerl.cluster.ray_local import local_ray_head
 from mazerl.eval_files import RESULTS_FILE, SUMMARY_FILE
+from mazerl.evaluation.placement import reserve_workers
 from mazerl.evaluation.settings import EvalSettings
 from mazerl.evaluation.summary import summarize
 from mazerl.evaluation.workers import EvalJob, EvalWorker, MazeCounter
@@ -206,12 +207,19 @@ def _run_on_ray(
     progress: Callable[[int, int], None] | None,
 ) -> tuple[list[dict[str, Any]], dict[int, bytes], float, list[dict[str, Any]]]:
     import ray  # heavy: imported when an eval runs, not when the module is (tasks, CLIs)
+    from ray.util.placement_group import remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     stack = contextlib.ExitStack()
     started_here = _connect_driver(stack, workers, job.threads, ray_address)
+    group = None
     try:
+        group = reserve_workers(workers, job.threads, gpus)  # a bounded wait, naming what holds the cluster
         actor = ray.remote(num_cpus=job.threads, num_gpus=gpus)(EvalWorker)
-        actors = [actor.remote(job) for _ in range(workers)]
+        actors = [
+            actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, index)).remote(job)
+            for index in range(workers)
+        ]
         counter = ray.remote(num_cpus=0)(MazeCounter).remote() if progress is not None else None
         # Actors load the policy in their constructor; waiting for it keeps the rollout clock honest.
         placement = ray.get([a.placement.remote() for a in actors])
@@ -219,6 +227,9 @@ def _run_on_ray(
         rows, gifs = _play_chunks(chunks, actors, counter, progress)
         return rows, gifs, time.perf_counter() - rollout_started, placement
     finally:
+        if group is not None:
+            with contextlib.suppress(Exception):  # the workers' resources go back at once, not when the driver ends
+                remove_placement_group(group)
         if started_here:
             ray.shutdown()
         stack.close()
