@@ -200,3 +200,69 @@ def test_task_runtime_env_carries_the_run_id_and_ships_our_packages():
     assert (shipped[1] / "training" / "skyrl_backend.py").is_file()
     assert "py_modules" not in task_runtime_env("http://m", None, ship_code=False)
     assert "MLFLOW_RUN_ID" not in task_runtime_env("http://m", None, ship_code=False)["env_vars"]
+
+
+class SkyrlTrackingStandIn:
+    """Stand-in for SkyRL 0.4's ``Tracking`` (SkyRL needs Python 3.12; this suite runs 3.11): its
+    ``log(data, step, commit)`` and ``finish()``, recording what reaches SkyRL's own MLflow adapter."""
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+        self.finished = False
+
+    def log(self, data, step, commit=False) -> None:
+        self.sent.append(step)
+
+    def finish(self) -> None:
+        self.finished = True
+
+
+def skyrl_step_payload(step: int) -> dict:
+    """An end-of-step payload as SkyRL 0.4's ``RayPPOTrainer.train`` logs it (trainer.py: ``log_payload``)."""
+    return {
+        "trainer/global_step": step,
+        "environment/solved": 0.25 * step,
+        "reward/avg_raw_reward": 0.5,
+        "timing/step": 12.0,
+        "generate/avg_num_tokens": 8,
+        "pass_at_8@k": 1.0,
+        "policy/note": "not a number",
+    }
+
+
+def test_skyrls_step_metrics_go_through_the_exactly_once_logger_a_resumed_step_once_and_an_outage_never_fails(
+    tmp_path, mlflow_root, capsys
+):
+    from types import SimpleNamespace
+
+    from mlflow.tracking import MlflowClient
+
+    from mazerl.tracking.metrics import MetricsLogger
+    from mazerl.training.skyrl_entry import wire_tracker
+
+    uri = f"sqlite:///{mlflow_root / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("e")).info.run_id
+    cfg = SimpleNamespace(trainer=SimpleNamespace(max_training_steps=4, run_name="r"))
+    jsonl = tmp_path / "metrics.jsonl"
+    # Given SkyRL's tracker wired with the run's logger, steps 1-3 logged, then the job killed and resumed
+    # after the checkpoint of step 2 (step 3 trained again), then step 4,
+    first = wire_tracker(SkyrlTrackingStandIn(), cfg, MetricsLogger(uri, run_id, jsonl))
+    for step in (1, 2, 3):
+        first.log(skyrl_step_payload(step), step=step, commit=True)
+    second = wire_tracker(SkyrlTrackingStandIn(), cfg, MetricsLogger(uri, run_id, jsonl))
+    for step in (3, 4):
+        second.log(skyrl_step_payload(step), step=step, commit=True)
+    second.finish()
+    # then every step is in MLflow once, under our names and SkyRL's, numbers only, none through SkyRL's adapter,
+    history = client.get_metric_history(run_id, "train/success_rate")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4]
+    logged = client.get_run(run_id).data.metrics
+    assert "pass_at_8_at_k" in logged and "environment/solved" in logged and "policy/note" not in logged
+    assert first.sent == [] and second.sent == [] and second.finished
+    assert "step 4/4:" in capsys.readouterr().out, "the step line the watchdog reads"
+    # and with MLflow down, a step is kept in metrics.jsonl and the training goes on (no exception).
+    down = wire_tracker(SkyrlTrackingStandIn(), cfg, MetricsLogger("http://127.0.0.1:9", run_id, tmp_path / "m2.jsonl"))
+    down.log(skyrl_step_payload(1), step=1, commit=True)
+    down.finish()
+    assert [json.loads(line)["step"] for line in (tmp_path / "m2.jsonl").read_text().splitlines()] == [1]

@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import numbers
 import os
 import sys
 import traceback
@@ -51,7 +52,7 @@ from pydantic import ValidationError
 from mazerl.input_files import read_config_file
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, load_config
-from mazerl.training.progress import tracker_hook
+from mazerl.training.progress import SKYRL_STEP_KEY, tracker_hook
 from mazerl.training.skyrl_backend import (
     add_metric_aliases,
     build_overrides,
@@ -105,13 +106,30 @@ def completed_step(config: TrainConfig, log: Callable[[str], None] = print) -> i
     return None if latest is None else latest.step
 
 
-def wire_tracker(tracker: Any, cfg: Any) -> Any:
+def wire_tracker(tracker: Any, cfg: Any, sink: Any | None = None) -> Any:
     """SkyRL's ``Tracking`` with our additions to every ``log`` call: our metric names (design
     section 5), the Grafana gauges, and the ``step N/M:`` line of each finished step (the source
-    the hang watchdog and the progress artifact read; SkyRL prints none with ``logger=mlflow``)."""
+    the hang watchdog and the progress artifact read; SkyRL prints none with ``logger=mlflow``).
+
+    With ``sink`` (a :class:`~mazerl.tracking.metrics.MetricsLogger` on the run's ``metrics.jsonl``,
+    as the local backend uses), each end-of-step payload goes through it instead of SkyRL's MLflow
+    adapter: exactly once per step (a step SkyRL trains again after a resume keeps its first row)
+    and surviving an MLflow outage (rows wait and are sent later) instead of failing the job. Other
+    payloads (SkyRL's flush of a failed step) go to SkyRL's own logger, best effort."""
     from mazerl.cluster.metrics import TrainingMetrics
 
-    report = tracker_hook(tracker.log, total_steps=int(cfg.trainer.max_training_steps))
+    send, finish = tracker.log, tracker.finish
+
+    def record(data: dict, step: int, commit: bool = False) -> None:
+        if sink is not None and SKYRL_STEP_KEY in data:
+            sink.log(int(step), numeric_metrics(data))
+            return
+        try:
+            send(data, step, commit=commit)
+        except Exception as error:  # noqa: BLE001 - a metric never fails the training
+            log(f"warning: metrics of step {step} not logged: {type(error).__name__}: {error}")
+
+    report = tracker_hook(record, total_steps=int(cfg.trainer.max_training_steps))
     gauges = TrainingMetrics(run_id=str(cfg.trainer.run_name), backend="skyrl")
 
     def log_with_aliases(data: dict, step: int, commit: bool = False) -> None:
@@ -124,22 +142,48 @@ def wire_tracker(tracker: Any, cfg: Any) -> Any:
             step_seconds=named.get("train/step_seconds"),
         )
 
-    tracker.log = log_with_aliases
+    def finish_and_flush() -> None:
+        if sink is not None:
+            sink.close()  # a last try for rows MLflow has not taken yet; they stay in metrics.jsonl
+        finish()
+
+    tracker.log, tracker.finish = log_with_aliases, finish_and_flush
     return tracker
 
 
-def _experiment_class() -> type:
-    """``BasePPOExp`` whose tracker is wired by :func:`wire_tracker`."""
+def numeric_metrics(data: Mapping[str, Any]) -> dict[str, float]:
+    """A SkyRL payload's numbers, named as SkyRL's MLflow adapter names them ("@" -> "_at_")."""
+    return {
+        key.replace("@", "_at_"): float(value)
+        for key, value in data.items()
+        if isinstance(value, numbers.Real) and not isinstance(value, bool)
+    }
+
+
+def _experiment_class(metrics_path: Path | None = None) -> type:
+    """``BasePPOExp`` whose tracker is wired by :func:`wire_tracker`, step metrics through
+    ``metrics_path`` (the run's ``metrics.jsonl``) into the MLflow run SkyRL logs into."""
     from skyrl.train.entrypoints.main_base import BasePPOExp
 
     class MazePPOExp(BasePPOExp):
         def get_tracker(self):  # noqa: ANN202 (SkyRL's Tracking)
-            return wire_tracker(super().get_tracker(), self.cfg)
+            import mlflow
+
+            from mazerl.tracking.metrics import MetricsLogger
+
+            tracker = super().get_tracker()  # its MLflow adapter has made (or found) the active run
+            active = mlflow.active_run()
+            sink = (
+                MetricsLogger(mlflow.get_tracking_uri(), active.info.run_id, metrics_path, warn=log)
+                if metrics_path is not None and active is not None
+                else None
+            )
+            return wire_tracker(tracker, self.cfg, sink)
 
     return MazePPOExp
 
 
-def train_in_ray_task(cfg: Any, tracking_uri: str, run_id: str | None) -> None:
+def train_in_ray_task(cfg: Any, tracking_uri: str, run_id: str | None, metrics_path: str | None = None) -> None:
     """Body of the Ray task: register maze2d here (SkyRL builds envs by id in this process), then train."""
     import mlflow
 
@@ -150,7 +194,7 @@ def train_in_ray_task(cfg: Any, tracking_uri: str, run_id: str | None) -> None:
     # With our run active, SkyRL's MLflow adapter logs into it and leaves it open
     # (it only creates, and ends, a run of its own when none is active).
     with mlflow.start_run(run_id=run_id) if run_id else nullcontext():
-        _experiment_class()(cfg).run()
+        _experiment_class(Path(metrics_path) if metrics_path else None)(cfg).run()
 
 
 def skyrl_available() -> str | None:
@@ -190,7 +234,7 @@ def run(config: TrainConfig, overrides: dict[str, Any], ship_code: bool = True) 
 
     task = ray.remote(num_cpus=1)(train_in_ray_task).options(runtime_env=task_runtime_env(uri, run_id, ship_code))
     log(f"training {config.run_id} for {config.steps} steps (MLflow run {run_id or 'new'} at {uri})")
-    ray.get(task.remote(cfg, uri, run_id))
+    ray.get(task.remote(cfg, uri, run_id, str(config.run_dir / "metrics.jsonl")))
 
     step = completed_step(config)
     if step is None or step < config.steps:
