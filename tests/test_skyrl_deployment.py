@@ -35,6 +35,18 @@ def test_image_installs_the_snapshotted_skyrl_with_its_pinned_torch_and_vllm():
     assert f"=={args['VLLM_VERSION']}" == schema["fsdp_pins"]["vllm"]
 
 
+def test_image_pins_the_exact_gpu_kernel_builds_for_its_torch_as_skyrls_lock_does():
+    """A bare ==2.8.3 admits every local build on Astral's index, and pip would take the highest
+    (a build for a newer torch); the image names the build for its own torch and CUDA 13."""
+    args, pins = build_args(), load_schema()["fsdp_pins"]
+    torch_minor = ".".join(args["TORCH_VERSION"].split(".")[:2])
+    for arg, name in (("FLASH_ATTN_BUILD", "flash-attn"), ("CAUSAL_CONV1D_BUILD", "causal-conv1d")):
+        version, label = args[arg].split("+", 1)
+        assert f"=={version}" == pins[name], f"{arg}: SkyRL pins {name}{pins[name]}"
+        assert label == f"cu.13.0.torch.{torch_minor}", f"{arg}: the build for torch {torch_minor} and CUDA 13"
+        assert f'"{name}==${{{arg}}}"' in DOCKERFILE.read_text(), f"{arg} must be what the image installs"
+
+
 def test_image_is_python_3_12_with_the_ray_skyrl_pins():
     base = build_args()["BASE_IMAGE"]
     ray_pin = load_schema()["fsdp_pins"]["ray"].removeprefix("==")
