@@ -7,7 +7,9 @@ import torch
 
 from mazerl.training.grpo import (
     LOSS_REDUCTIONS,
+    anchor_advantages,
     clipped_surrogate,
+    discounted_returns,
     group_advantages,
     k3_kl,
     turn_advantages,
@@ -108,6 +110,36 @@ def test_turn_advantages_refuse_mismatched_lengths():
         turn_advantages([1.0], [[0.0], [0.0]], ["g"])
 
 
+def test_discounted_returns_are_each_turns_reward_plus_the_discounted_rest():
+    assert discounted_returns([0.0, -0.1, 1.0], 0.5) == [pytest.approx(0.2), pytest.approx(0.4), 1.0]
+
+
+def test_anchor_advantages_normalise_each_turns_return_among_the_turns_from_the_same_state():
+    # Given one maze's two episodes: the first leaves the start S, passes X and solves at T; the second
+    # bumps at S (-0.1), goes to Y, comes back to S and ends at Z unsolved; and another maze's episode,
+    # also at a state keyed S (a different maze: a different anchor group). Discount 0.5, weight 2.
+    rewards = [[0.0, 0.0, 1.0], [-0.1, 0.0, 0.0, 0.0], [1.0]]
+    states = [["S", "X", "T"], ["S", "Y", "S", "Z"], ["S"]]
+    advantages = anchor_advantages([1.0, -1.0, 0.0], rewards, states, ["a", "a", "b"], discount=0.5, weight=2.0)
+    # Returns: first 0.25 / 0.5 / 1; second -0.1 / 0 / 0 / 0. The anchor group (a, S) holds the three turns
+    # from S: 0.25, -0.1 and 0 (mean 0.05, unbiased std sqrt(0.0325)); every other state was met once (no step
+    # advantage), the other maze's S included.
+    std = math.sqrt(((0.25 - 0.05) ** 2 + (-0.1 - 0.05) ** 2 + (0 - 0.05) ** 2) / 2) + 1e-6
+    expected = [
+        [1.0 + 2 * (0.25 - 0.05) / std, 1.0, 1.0],
+        [-1.0 + 2 * (-0.1 - 0.05) / std, -1.0, -1.0 + 2 * (0.0 - 0.05) / std, -1.0],
+        [0.0],
+    ]
+    assert advantages == [[pytest.approx(value) for value in episode] for episode in expected]
+
+
+def test_anchor_advantages_without_a_revisited_state_are_the_episodes():
+    advantages = anchor_advantages([0.5, -0.5], [[1.0], [0.0, 0.0]], [["A"], ["B", "C"]], ["g", "g"], 0.9, 1.0)
+    assert advantages == [[0.5], [-0.5, -0.5]]
+    with pytest.raises(ValueError, match="one of each per episode"):
+        anchor_advantages([0.5], [[1.0]], [["A"], ["B"]], ["g"], 0.9, 1.0)
+
+
 def test_the_decision_mask_is_the_reply_mask_less_the_stop_tokens():
     from mazerl.training.scoring import TurnSample, decision_mask, reply_mask
 
@@ -125,3 +157,11 @@ def test_the_decision_mask_is_the_reply_mask_less_the_stop_tokens():
     ]
     # inside the reply mask's positions.
     assert reply_mask(samples, torch.device("cpu")).tolist() == [[0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]]
+
+
+def test_anchor_credit_is_refused_with_the_solvers_progress_term():
+    from mazerl.training.config import GrpoConfig
+
+    with pytest.raises(ValueError, match=r"progress_reward \(0.3\) needs the maze's solver.*credit: anchor"):
+        GrpoConfig(credit="anchor", progress_reward=0.3)
+    assert GrpoConfig(credit="anchor", bump_cost=0.1).anchor_discount == 0.95

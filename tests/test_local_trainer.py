@@ -366,3 +366,41 @@ def test_the_stop_token_left_out_of_the_loss_changes_the_update_not_the_rollout(
     # last column); the replies the starter ended lose it, and nothing else changes.
     assert torch.equal(without_stop[:, :-1], with_stop[:, :-1])
     assert with_stop[:, -1].sum() == with_stop.shape[0] and without_stop[:, -1].sum() == 0, "every reply ended"
+
+
+def test_anchor_credit_trains_without_a_solver_and_groups_turns_by_what_the_policy_saw(tmp_path, starter_model_dir):
+    import numpy as np
+
+    from mazerl.policy.episodes import Turn
+    from mazerl.training.credit import turn_credit
+
+    # Turns with the same tokens and frames share a key (the same state), a changed pixel does not.
+    frame = np.zeros((8, 8, 3), dtype=np.uint8)
+    moved = frame.copy()
+    moved[3, 3] = 255
+    turn = Turn([1, 2, 3], [frame], [4], "up", True)
+    assert turn.context_key() == Turn([1, 2, 3], [frame.copy()], [5], "down", True).context_key()
+    assert turn.context_key() != Turn([1, 2, 3], [moved], [4], "up", True).context_key()
+    assert turn.context_key() != Turn([1, 2, 4], [frame], [4], "up", True).context_key()
+    # Given credit: anchor with a bump cost (no progress term: no solver), when a step trains,
+    config = tiny_config(
+        tmp_path,
+        starter_model_dir,
+        steps=1,
+        grpo={"update_epochs": 1, "samples_per_maze": 4, "temperature": 1.2, "bump_cost": 0.1, "credit": "anchor"},
+    )
+    trainer = LocalGRPOTrainer(config, log=lambda _: None)
+    episodes = []
+    rollout = trainer._rollout
+
+    def recorded(step):
+        episodes.extend(rollout(step))
+        return episodes
+
+    trainer._rollout = recorded
+    trainer.run()
+    # then its turns' advantages are the anchor credit of the rollout it played, and the adapter moved.
+    groups = [episode.maze_id for episode in episodes]
+    per_turn = turn_credit(episodes, groups, config.grpo)
+    assert [len(a) for a in per_turn] == [len(e.turns) for e in episodes]
+    assert any(v.abs().sum() > 0 for k, v in adapter_tensors(config).items() if "lora_B" in k)

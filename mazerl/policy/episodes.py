@@ -15,6 +15,7 @@ and never into ``solved``.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -42,6 +43,14 @@ class Turn:
     parse_ok: bool
     log_probs: list[float] | None = None  # per reply token, where the engine reports them
     shaping: float = 0.0  # the turn's training-only shaping reward (envs.reward.turn_shaping), 0 without shaping
+
+    def context_key(self) -> str:
+        """A digest of everything the policy saw at this turn (its tokens and frames): equal keys, equal
+        inputs, so the policy's choice there is one distribution (GiGPO's anchor state, ``credit: anchor``)."""
+        digest = hashlib.blake2b(np.asarray(self.input_ids, dtype=np.int64).tobytes(), digest_size=16)
+        for frame in self.images:
+            digest.update(np.ascontiguousarray(frame).tobytes())
+        return digest.hexdigest()
 
 
 @dataclass

@@ -153,12 +153,30 @@ class GrpoConfig(StrictModel):
         "unchanged). The stop token ends every reply, and longer failed episodes carry more of it, so an "
         "outcome-only update pushes it down step after step until replies stop ending and run to max_new_tokens.",
     )
-    credit: Literal["episode", "turn"] = Field(
+    credit: Literal["episode", "turn", "anchor"] = Field(
         "episode",
         description="episode (SkyRL's GRPO): the shaping terms join the episode's reward and every turn shares one "
         "advantage; turn (local backend): each turn adds its own shaping reward, less its group's mean, to the "
-        "episode's advantage, so a bump is blamed on the reply that made it.",
+        "episode's advantage, so a bump is blamed on the reply that made it; anchor (local backend, GiGPO): each "
+        "turn adds anchor_weight times its discounted return normalised among the group's turns that saw the same "
+        "context (an anchor state), which needs no solver.",
     )
+    anchor_discount: float = Field(
+        0.95, gt=0, le=1, description="credit: anchor: the discount of a turn's return (GiGPO's gamma)."
+    )
+    anchor_weight: float = Field(
+        1.0, ge=0, description="credit: anchor: the weight of a turn's anchor-state advantage (GiGPO's omega)."
+    )
+
+    @model_validator(mode="after")
+    def _anchor_credit_is_solver_free(self) -> GrpoConfig:
+        if self.credit == "anchor" and self.progress_reward > 0:
+            raise ValueError(
+                f"grpo.progress_reward ({self.progress_reward}) needs the maze's solver, which credit: anchor is "
+                "meant to do without (the cluster's SkyRL backend has none); set progress_reward: 0 with "
+                "credit: anchor, or use credit: turn"
+            )
+        return self
 
     @field_validator("samples_per_maze")
     @classmethod

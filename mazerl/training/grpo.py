@@ -13,6 +13,12 @@
   the group's turns (DeepSeekMath's process-supervision GRPO, with the immediate reward of
   the turn instead of the reward-to-go: in a perfect maze a move's own progress already says
   whether it was the solver's move).
+- Anchor credit (optional, ``credit: anchor``; GiGPO, arXiv 2505.10978): each turn's advantage is
+  its episode's advantage plus ``weight`` times its step advantage: the turn's discounted return
+  (its own reward and every later turn's, the outcome at the last turn), normalised among the
+  turns of its group that start from the same state (an anchor-state group). The context the
+  policy sees is a function of the state here, so turns with identical contexts are exactly the
+  turns from one state; a state met once carries no step advantage. It needs no solver.
 - KL (optional, ``kl_coef > 0``): SkyRL's default ``k3`` estimator against the reference
   policy, ``exp(ref - logp) - (ref - logp) - 1``, added per token.
 - Mini-batches (``mini_batch_mazes``, SkyRL's policy_mini_batch_size): whole mazes per
@@ -72,6 +78,55 @@ def turn_advantages(
     return [
         [float(advantage) + float(reward) - means[group] for reward in rewards]
         for advantage, rewards, group in zip(episode_advantages, turn_rewards, group_ids, strict=True)
+    ]
+
+
+def discounted_returns(rewards: Sequence[float], discount: float) -> list[float]:
+    """Each turn's return: its reward plus ``discount`` times the next turn's return."""
+    returns, running = [], 0.0
+    for reward in reversed(rewards):
+        running = float(reward) + discount * running
+        returns.append(running)
+    return returns[::-1]
+
+
+def anchor_advantages(
+    episode_advantages: Sequence[float],
+    turn_rewards: Sequence[Sequence[float]],
+    turn_states: Sequence[Sequence[object]],
+    group_ids: Sequence[object],
+    discount: float,
+    weight: float,
+) -> list[list[float]]:
+    """Per-turn advantages of GiGPO: ``episode_advantages[e] + weight * step[e][t]``, where ``step`` is the
+    turn's discounted return normalised (mean, unbiased std + 1e-6) within its anchor group: the turns of
+    the same group (maze) whose state key is equal, across episodes and within one. A group of one turn,
+    or of equal returns, gets 0."""
+    if not len(episode_advantages) == len(turn_rewards) == len(turn_states) == len(group_ids):
+        raise ValueError(
+            f"anchor_advantages: {len(episode_advantages)} advantages, {len(turn_rewards)} reward lists, "
+            f"{len(turn_states)} state lists and {len(group_ids)} group ids; give one of each per episode"
+        )
+    returns = [discounted_returns(rewards, discount) for rewards in turn_rewards]
+    anchors: dict[tuple[object, object], list[tuple[int, int]]] = {}
+    for episode, (states, group) in enumerate(zip(turn_states, group_ids, strict=True)):
+        if len(states) != len(returns[episode]):
+            raise ValueError(
+                f"anchor_advantages: episode {episode} has {len(states)} states for {len(returns[episode])} turns"
+            )
+        for turn, state in enumerate(states):
+            anchors.setdefault((group, state), []).append((episode, turn))
+    step = [[0.0] * len(episode_returns) for episode_returns in returns]
+    for members in anchors.values():
+        if len(members) < 2:
+            continue
+        values = torch.tensor([returns[e][t] for e, t in members], dtype=torch.float64)
+        normalised = (values - values.mean()) / (values.std(unbiased=True) + ADVANTAGE_EPSILON)
+        for (e, t), value in zip(members, normalised.tolist(), strict=True):
+            step[e][t] = value
+    return [
+        [float(advantage) + weight * value for value in steps]
+        for advantage, steps in zip(episode_advantages, step, strict=True)
     ]
 
 

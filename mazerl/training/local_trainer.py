@@ -58,9 +58,10 @@ from mazerl.progress import ProgressMeter, step_line
 from mazerl.starter.record import recorded_context_mode
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, TrainingConfigError
+from mazerl.training.credit import turn_credit
 from mazerl.training.data import epoch_of_step, order_state, record_success, recorded_success, step_mazes
 from mazerl.training.disk_room import check_room, checkpoint_need
-from mazerl.training.grpo import LOSS_REDUCTIONS, group_advantages, micro_batch_loss, mini_batches, turn_advantages
+from mazerl.training.grpo import LOSS_REDUCTIONS, micro_batch_loss, mini_batches
 from mazerl.training.lora_adapter import attach_lora
 from mazerl.training.lr_schedule import step_scheduler
 from mazerl.training.run_config import record_config
@@ -266,13 +267,7 @@ class LocalGRPOTrainer:
 
     def _samples(self, episodes: list[Episode]) -> list[TurnSample]:
         groups = [episode.maze_id for episode in episodes]
-        if self.config.grpo.credit == "turn":  # outcome shared by the turns, shaping each turn's own
-            outcome = group_advantages([episode.reward for episode in episodes], groups).tolist()
-            per_turn = turn_advantages(outcome, [[t.shaping for t in e.turns] for e in episodes], groups)
-        else:  # the shaping terms (if any) are part of the episode's reward
-            rewards = [episode.reward + episode.shaping for episode in episodes]
-            shared = group_advantages(rewards, groups).tolist()
-            per_turn = [[advantage] * len(episode.turns) for advantage, episode in zip(shared, episodes, strict=True)]
+        per_turn = turn_credit(episodes, groups, self.config.grpo)
         return [
             TurnSample(turn.input_ids, turn.images, turn.response_ids, advantage, episode.maze_id, number)
             for number, (episode, advantages) in enumerate(zip(episodes, per_turn, strict=True))
