@@ -148,15 +148,18 @@ def test_the_decision_mask_is_the_reply_mask_less_the_stop_tokens():
     def sample(reply):
         return TurnSample(input_ids=[1], images=[], response_ids=reply, advantage=0.0)
 
-    samples = [sample([423, 2]), sample([423, 7, 7, 7]), sample([0, 423, 2])]
-    # then every reply token is kept but the stop tokens,
+    # and an empty reply (the stop token alone),
+    samples = [sample([423, 2]), sample([423, 7, 7, 7]), sample([0, 423, 2]), sample([2])]
+    # then every reply token is kept but the stop tokens, except one that opens a reply: the empty reply's
+    # only token is its decision, and leaving it out would leave nothing to train empty replies away,
     assert decision_mask(samples, {2, 0}, torch.device("cpu")).tolist() == [
         [0.0, 0.0, 1.0, 0.0],
         [1.0, 1.0, 1.0, 1.0],
-        [0.0, 0.0, 1.0, 0.0],
+        [0.0, 1.0, 1.0, 0.0],
+        [0.0, 0.0, 0.0, 1.0],
     ]
     # inside the reply mask's positions.
-    assert reply_mask(samples, torch.device("cpu")).tolist() == [[0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]]
+    assert reply_mask(samples, torch.device("cpu")).tolist() == [[0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1], [0, 0, 0, 1]]
 
 
 def test_anchor_credit_is_refused_with_the_solvers_progress_term():

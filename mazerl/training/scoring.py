@@ -277,11 +277,20 @@ def reply_mask(samples: Sequence[TurnSample], device: torch.device) -> torch.Ten
 
 
 def decision_mask(samples: Sequence[TurnSample], stop_ids: set[int], device: torch.device) -> torch.Tensor:
-    """:func:`reply_mask` less the stop tokens that end the replies: what ``grpo.stop_token_loss: false`` trains."""
+    """:func:`reply_mask` less the stop tokens that end the replies: what ``grpo.stop_token_loss: false`` trains.
+
+    A stop token that opens a reply stays in: that reply is the stop token alone, an empty reply
+    (an unparsed move), and leaving it out would leave nothing to push it down, so a policy that
+    drifts into empty replies could never be trained out of them."""
     longest = max(len(s.response_ids) for s in samples)
     padded = [[-1] * (longest - len(s.response_ids)) + list(s.response_ids) for s in samples]
     ids = torch.tensor(padded, device=device)
-    return ((ids >= 0) & ~torch.isin(ids, torch.tensor(sorted(stop_ids), device=device))).float()
+    opening = torch.zeros_like(ids, dtype=torch.bool)
+    for row, sample in enumerate(samples):
+        if sample.response_ids:
+            opening[row, longest - len(sample.response_ids)] = True
+    ending = torch.isin(ids, torch.tensor(sorted(stop_ids), device=device)) & ~opening
+    return ((ids >= 0) & ~ending).float()
 
 
 def log_probs_before_update(
