@@ -23,8 +23,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -129,85 +131,83 @@ def assert_finished_once(root: Path) -> None:
     assert not [t for t in task_runs if t[1] in ("RUNNING", "PENDING")], task_runs
 
 
-def test_ctrl_c_in_a_terminal_during_training_exits_130_within_seconds_and_the_same_command_finishes_the_run(
-    starter_model_dir, mlflow_root, tmp_path
-):
-    temp = Path("/tmp") / f"mzr-c{os.getpid()}"
-    temp.mkdir(mode=0o700)
-    root, env = mlflow_root, laptop_env(temp)
-    command = mazerl_run(root, starter_model_dir, tmp_path / "params.json")
-    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
-    try:
-        # Given `mazerl run` on the embedded head, in a terminal, training (a checkpoint written, steps left),
-        first = start(command, env, first_log)
-        wait_until(first, lambda: marker(root) >= 2, first_log, "the second checkpoint")
-        server = [c for c in psutil.Process(first.pid).children() if "uvicorn" in " ".join(c.cmdline())]
-        # when the user presses Ctrl-C (SIGINT to the terminal's whole foreground process group),
-        os.killpg(first.pid, signal.SIGINT)
-        pressed = time.monotonic()
-        code = first.wait(timeout=60)
-        # it ends within seconds with exit 130 and the hint to run the same command again,
-        text = first_log.read_text()
-        assert code == 130, text[-4000:]
-        assert time.monotonic() - pressed < 30, "within 30 s of the keypress"
-        assert "interrupted (KeyboardInterrupt): run the same command again" in text, text[-4000:]
-        assert "Traceback" not in text, text[-6000:]
-        # having closed its records (its MLflow runs KILLED, none RUNNING) and stopped what it started:
-        # its trainer, its Prefect server and the embedded head.
-        time.sleep(2)
-        assert not training_processes(root), "the training job was stopped"
-        assert server and not [s for s in server if s.is_running() and s.status() != psutil.STATUS_ZOMBIE]
-        assert not head_processes(temp), "the embedded head was stopped"
-        interrupted_at = marker(root)
-        assert 2 <= interrupted_at < STEPS
-        # When the same command runs again, it resumes that run from its checkpoint and finishes it.
-        code, text = run_to_end(command, env, second_log)
-        assert code == 0, text[-4000:]
-        name = run_dir(root).name.rsplit("-", 1)[0]
-        assert f"resuming {name} from step {interrupted_at} of {STEPS}" in text, text[-4000:]
-        assert f"resumed from step {interrupted_at}" in text
-    finally:
-        for process in head_processes(temp) + training_processes(root):
-            with contextlib.suppress(psutil.Error):
-                process.kill()
-        shutil.rmtree(temp, ignore_errors=True)
+@pytest.fixture
+def laptop(starter_model_dir, mlflow_root, tmp_path):
+    """A laptop's `mazerl run` on the embedded head: a TMPDIR of its own (its own head, stopped and removed
+    afterwards, with any trainer left), the command, and a log for each of the two runs."""
+    temp = Path(tempfile.mkdtemp(prefix="mzr-", dir="/tmp"))
+    root = mlflow_root
+    yield SimpleNamespace(
+        temp=temp,
+        root=root,
+        env=laptop_env(temp),
+        command=mazerl_run(root, starter_model_dir, tmp_path / "params.json"),
+        first_log=tmp_path / "first.log",
+        second_log=tmp_path / "second.log",
+    )
+    for process in head_processes(temp) + training_processes(root):
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_ctrl_c_in_a_terminal_exits_130_within_seconds_and_the_same_command_finishes_the_run(laptop):
+    temp, root, env, command = laptop.temp, laptop.root, laptop.env, laptop.command
+    first_log, second_log = laptop.first_log, laptop.second_log
+    # Given `mazerl run` on the embedded head, in a terminal, training (a checkpoint written, steps left),
+    first = start(command, env, first_log)
+    wait_until(first, lambda: marker(root) >= 2, first_log, "the second checkpoint")
+    server = [c for c in psutil.Process(first.pid).children() if "uvicorn" in " ".join(c.cmdline())]
+    # when the user presses Ctrl-C (SIGINT to the terminal's whole foreground process group),
+    os.killpg(first.pid, signal.SIGINT)
+    pressed = time.monotonic()
+    code = first.wait(timeout=60)
+    # it ends within seconds with exit 130 and the hint to run the same command again,
+    text = first_log.read_text()
+    assert code == 130, text[-4000:]
+    assert time.monotonic() - pressed < 30, "within 30 s of the keypress"
+    assert "interrupted (KeyboardInterrupt): run the same command again" in text, text[-4000:]
+    assert "Traceback" not in text, text[-6000:]
+    # having closed its records (its MLflow runs KILLED, none RUNNING) and stopped what it started:
+    # its trainer, its Prefect server and the embedded head.
+    time.sleep(2)
+    assert not training_processes(root), "the training job was stopped"
+    assert server and not [s for s in server if s.is_running() and s.status() != psutil.STATUS_ZOMBIE]
+    assert not head_processes(temp), "the embedded head was stopped"
+    interrupted_at = marker(root)
+    assert 2 <= interrupted_at < STEPS
+    # When the same command runs again, it resumes that run from its checkpoint and finishes it.
+    code, text = run_to_end(command, env, second_log)
+    assert code == 0, text[-4000:]
+    name = run_dir(root).name.rsplit("-", 1)[0]
+    assert f"resuming {name} from step {interrupted_at} of {STEPS}" in text, text[-4000:]
+    assert f"resumed from step {interrupted_at}" in text
     assert_finished_once(root)
 
 
-def test_the_machine_going_down_mid_training_then_the_same_command_at_once_finishes_the_run(
-    starter_model_dir, mlflow_root, tmp_path
-):
-    temp = Path("/tmp") / f"mzr-d{os.getpid()}"
-    temp.mkdir(mode=0o700)
-    root, env = mlflow_root, laptop_env(temp)
-    command = mazerl_run(root, starter_model_dir, tmp_path / "params.json")
-    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
-    try:
-        # Given `mazerl run` on the embedded head, training,
-        first = start(command, env, first_log)
-        wait_until(first, lambda: marker(root) >= 2, first_log, "the second checkpoint")
-        old_address = json.loads((temp / "mazerl-ray-0" / "mazerl_head.json").read_text())["address"]
-        # when the machine goes down: mazerl run, its trainer and the whole embedded head killed at once,
-        victims = [psutil.Process(first.pid), *training_processes(root), *head_processes(temp)]
-        for process in victims:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
-        first.wait(timeout=30)
-        psutil.wait_procs(victims, timeout=30)
-        killed_at = marker(root)
-        # and the same command runs at once (a new head; its port may be another one), it resumes the run
-        # from its checkpoint and finishes it, having stopped the Prefect server the killed run left.
-        code, text = run_to_end(command, env, second_log)
-        assert code == 0, text[-4000:]
-        assert "stopped the temporary Prefect server" in text, text[-4000:]
-        name = run_dir(root).name.rsplit("-", 1)[0]
-        assert f"resuming {name} from step {killed_at} of {STEPS}" in text, text[-4000:]
-        assert "local Ray head at http://127.0.0.1:" in text and old_address.startswith("http://127.0.0.1:")
-    finally:
-        for process in head_processes(temp) + training_processes(root):
-            with contextlib.suppress(psutil.Error):
-                process.kill()
-        shutil.rmtree(temp, ignore_errors=True)
+def test_the_machine_going_down_then_the_same_command_at_once_finishes_the_run(laptop):
+    temp, root, env, command = laptop.temp, laptop.root, laptop.env, laptop.command
+    first_log, second_log = laptop.first_log, laptop.second_log
+    # Given `mazerl run` on the embedded head, training,
+    first = start(command, env, first_log)
+    wait_until(first, lambda: marker(root) >= 2, first_log, "the second checkpoint")
+    old_address = json.loads((temp / "mazerl-ray-0" / "mazerl_head.json").read_text())["address"]
+    # when the machine goes down: mazerl run, its trainer and the whole embedded head killed at once,
+    victims = [psutil.Process(first.pid), *training_processes(root), *head_processes(temp)]
+    for process in victims:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    first.wait(timeout=30)
+    psutil.wait_procs(victims, timeout=30)
+    killed_at = marker(root)
+    # and the same command runs at once (a new head; its port may be another one), it resumes the run
+    # from its checkpoint and finishes it, having stopped the Prefect server the killed run left.
+    code, text = run_to_end(command, env, second_log)
+    assert code == 0, text[-4000:]
+    assert "stopped the temporary Prefect server" in text, text[-4000:]
+    name = run_dir(root).name.rsplit("-", 1)[0]
+    assert f"resuming {name} from step {killed_at} of {STEPS}" in text, text[-4000:]
+    assert "local Ray head at http://127.0.0.1:" in text and old_address.startswith("http://127.0.0.1:")
     assert_finished_once(root)
 
 
@@ -233,7 +233,7 @@ def fill(disk: Path, leave_mib: int) -> Path:
     return ballast
 
 
-def test_a_full_disk_mid_training_pauses_the_run_with_one_message_and_the_same_command_resumes_once_space_is_freed(
+def test_a_full_disk_pauses_the_run_with_one_message_and_it_resumes_once_space_is_freed(
     starter_model_dir, local_ray_head, small_disk, tmp_path, _mlflow_template_db
 ):
     root = small_disk / "root"

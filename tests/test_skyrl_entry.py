@@ -230,9 +230,7 @@ def skyrl_step_payload(step: int) -> dict:
     }
 
 
-def test_skyrls_step_metrics_go_through_the_exactly_once_logger_a_resumed_step_once_and_an_outage_never_fails(
-    tmp_path, mlflow_root, capsys
-):
+def test_skyrls_step_metrics_are_logged_once_and_an_mlflow_outage_never_fails_the_job(tmp_path, mlflow_root, capsys):
     from types import SimpleNamespace
 
     from mlflow.tracking import MlflowClient
