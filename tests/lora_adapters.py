@@ -18,7 +18,9 @@ def make_adapter(base_dir: Path, out: Path, scale: float = 0.05, targets: str = 
     from peft import LoraConfig, get_peft_model
 
     policy = load_policy(base_dir, device="cpu")
-    model = get_peft_model(policy.model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    with torch.random.fork_rng():  # PEFT draws lora_A from torch's global generator: the same adapter every run
+        torch.manual_seed(7)
+        model = get_peft_model(policy.model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
     generator = torch.Generator().manual_seed(7)
     for name, parameter in model.named_parameters():
         if "lora_B" in name:
