@@ -245,6 +245,13 @@ def load_vllm_api(device: str = "cuda") -> VllmApi:
     return VllmApi(LLM, SamplingParams, LoRARequest, frozenset(field.name for field in fields(EngineArgs)))
 
 
+def shutdown_llm(llm: Any) -> None:
+    """End a ``vllm.LLM``'s engine processes now. vLLM 0.30's ``LLM`` has no close, and its engine client's monitor
+    thread keeps it alive after ``del``, so without this the processes (and their KV cache) last as long as the
+    calling process: one more per engine built (tests, the GPU smoke)."""
+    llm.llm_engine.engine_core.shutdown()
+
+
 class VLLMEngine:
     """Offline vLLM generation for the episode runner (same protocol as ``HFEngine``)."""
 
@@ -280,6 +287,10 @@ class VLLMEngine:
     def from_policy(policy: Any, **kwargs: Any) -> VLLMEngine:
         """Serve the model (and adapter) a ``mazerl.policy.loader.Policy`` was loaded from."""
         return VLLMEngine(policy.model_dir, policy.processor, adapter_dir=policy.adapter_dir, **kwargs)
+
+    def close(self) -> None:
+        """End vLLM's engine processes (the engine cannot generate afterwards)."""
+        shutdown_llm(self.llm)
 
     def generate(self, requests: list[GenerationRequest], settings: GenerationSettings) -> list[GenerationResult]:
         if not requests:
