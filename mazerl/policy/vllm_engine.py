@@ -1,4 +1,4 @@
-"""The ``vllm`` inference engine: offline ``vllm.LLM`` with multi-modal token prompts (GPU only).
+"""The ``vllm`` inference engine: offline ``vllm.LLM`` with multi-modal token prompts (a CUDA GPU, or vLLM's CPU build).
 
 It takes the same token-level requests as the ``hf`` engine (``engines.py``): a context whose
 chat template is applied and whose image placeholders are already expanded, plus its frames.
@@ -6,16 +6,19 @@ vLLM expands image placeholders itself when given token ids (its multi-modal pro
 replaces each ``<|image_pad|>`` with as many pads as the frame needs), so
 :func:`vllm_prompt` first collapses every run of pads back to one; vLLM's expansion then
 rebuilds exactly the context the ``hf`` engine sees (tests/test_vllm_engine_without_gpu.py
-checks this with the real processor, without vLLM or a GPU).
+checks this with the real processor, without vLLM).
 
 Decoding matches the ``hf`` engine: greedy or temperature/top-p (no top-k), stop at the
 end-of-turn token (kept in ``response_ids``), special tokens other than that one banned from
 replies, text decoded without special tokens. Automatic prefix caching is on, so a turn
 whose context extends the previous turn's recomputes only its new tokens. An optional PEFT
-LoRA adapter is served with a ``LoRARequest`` (no merge needed).
+LoRA adapter is served with a ``LoRARequest`` (no merge needed); one with weights on the vision
+tower turns on vLLM's ``enable_tower_connector_lora``, without which vLLM ignores those modules.
 
-vLLM is imported only when an engine is built, and building one needs a CUDA GPU; the
-GPU cluster image (deployments/docker) has both. Not run in this repository's CI.
+vLLM is imported only when an engine is built. Building one needs a CUDA GPU (the GPU cluster
+image, deployments/docker, has both), or the setting ``MAZERL_VLLM_DEVICE=cpu`` and vLLM's CPU
+build: float32, eager, a bounded KV cache. CI's third leg (``make test-vllm``) runs the engine that
+way and checks its greedy episodes against the ``hf`` engine's (tests/test_vllm_engine_cpu.py).
 """
 
 from __future__ import annotations
