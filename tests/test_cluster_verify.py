@@ -331,6 +331,20 @@ def test_gpu_smoke_real_checks_without_gpu_say_that_no_cuda_device_is_visible():
     assert all("no CUDA device visible" in result["found"] for result in found.values())
 
 
+def test_gpu_smoke_generates_from_a_maze_frame_through_the_vllm_engines_request():
+    from mazerl.cluster.gpu_smoke import smoke_prompt
+    from mazerl.policy.chat import image_token_id
+    from mazerl.policy.loader import load_processor
+    from mazerl.starter.shipped import shipped_starter
+
+    # the smoke's request is the vllm engine's first turn of a maze: token ids with one image placeholder
+    # and the frame as multi-modal data (vLLM's image path runs, not text alone)
+    prompt = smoke_prompt(str(shipped_starter()))
+    (frame,) = prompt["multi_modal_data"]["image"]
+    assert frame.mode == "RGB" and frame.size == (7 * 16, 7 * 16)
+    assert prompt["prompt_token_ids"].count(image_token_id(load_processor(shipped_starter()))) == 1
+
+
 def test_gpu_rows_report_each_worker_and_a_worker_whose_gpus_are_taken_without_blocking():
     from mazerl.cluster.gpu_smoke import GpuSmoke, gpu_rows
 

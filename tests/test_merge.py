@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lora_adapters import make_adapter
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -20,22 +21,7 @@ from mazerl.training import checkpoints
 # The PEFT merge and transformers' save/load, on the versions the image ships too (`make test-image-stack`).
 pytestmark = pytest.mark.image_stack
 
-TARGETS = r".*language_model.*\.(q_proj|v_proj|down_proj)"  # the trainer's pattern, three module kinds
 QUIET = {"log": lambda _: None}
-
-
-def make_adapter(base_dir: Path, out: Path, scale: float = 0.05, targets: str = TARGETS) -> Path:
-    """A peft LoRA adapter on the base with random lora_B (zero when scale is 0), saved like the trainer saves it."""
-    from peft import LoraConfig, get_peft_model
-
-    policy = load_policy(base_dir, device="cpu")
-    model = get_peft_model(policy.model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
-    generator = torch.Generator().manual_seed(7)
-    for name, parameter in model.named_parameters():
-        if "lora_B" in name:
-            parameter.data = torch.randn(parameter.shape, generator=generator) * scale
-    model.save_pretrained(str(out), safe_serialization=True)
-    return out
 
 
 def make_checkpoints(root: Path, step: int, adapter: Path, fingerprint: str, config: dict | None = None) -> Path:

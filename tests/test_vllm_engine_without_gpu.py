@@ -1,27 +1,31 @@
-"""The vllm engine's request construction, checked against the hf engine's inputs without a GPU.
+"""The vllm engine's request construction, checked against the hf engine's inputs without vLLM.
 
-vLLM cannot be installed or run here (no CUDA), so these tests do not generate with vLLM.
+These tests run in the main suite, where vLLM is not installed, so they do not generate with vLLM.
 They check what the engine hands to it: with the real starter processor and chat template,
 the token prompt vLLM receives expands (by vLLM's own rule: each ``<|image_pad|>`` becomes
 the frame's token count) back into exactly the context the hf engine feeds the model, with
-the same frames, stop tokens, banned tokens and decoding settings. One test drives
-``VLLMEngine.generate`` through a stand-in for ``vllm.LLM`` (``_mocked_vllm``) to check the
-wiring; the real generation is verified only on a GPU (docs/skyrl.md says so).
+the same frames, stop tokens, banned tokens and decoding settings, and the engine arguments
+(the CPU setting, LoRA slots, the vision tower's LoRA). One test drives ``VLLMEngine.generate``
+through a stand-in for ``vllm.LLM`` (``_FakeLLM``) to check the wiring; the real generation is
+tests/test_vllm_engine_cpu.py's, on vLLM's CPU build (``make test-vllm``).
 """
 
 from __future__ import annotations
 
-import json
+import os
 
 import numpy as np
 import pytest
 import torch
+from lora_adapters import make_adapter, vision_tower_targets
 
 from envs.maze import MazeEnv, solve
 from mazerl.policy.chat import ChatError, Conversation, image_token_id, model_inputs, render
 from mazerl.policy.engines import GenerationRequest, GenerationSettings, HFEngine
 from mazerl.policy.loader import load_policy
 from mazerl.policy.vllm_engine import (
+    CPU_KVCACHE_VAR,
+    DEVICE_VAR,
     VllmApi,
     VLLMEngine,
     banned_token_ids,
@@ -32,6 +36,7 @@ from mazerl.policy.vllm_engine import (
     result_from_output,
     sampling_kwargs,
     stop_token_ids,
+    vllm_device,
     vllm_prompt,
 )
 
@@ -148,20 +153,57 @@ def test_lora_rank_fits_vllms_slots(rank, slot):
     assert lora_rank_slot(rank) == slot
 
 
-def test_engine_arguments_enable_prefix_caching_and_lora(tmp_path, starter_model_dir):
-    adapter = tmp_path / "adapter"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text(json.dumps({"r": 32, "lora_alpha": 64}))
-    kwargs = engine_kwargs(starter_model_dir, adapter, 16, 4096, 0.5, seed=3)
+@pytest.fixture(scope="module")
+def adapters(starter_model_dir, tmp_path_factory):
+    """Real PEFT adapters (rank 4) where the trainer puts them: the text decoder only, and with the vision tower."""
+    work = tmp_path_factory.mktemp("adapters")
+    tower = vision_tower_targets(starter_model_dir)
+    return {
+        "language": make_adapter(starter_model_dir, work / "language", scale=0.0),
+        "tower": make_adapter(starter_model_dir, work / "tower", scale=0.0, targets=tower),
+    }
+
+
+def test_an_adapter_on_the_vision_tower_enables_vllms_tower_lora(starter_model_dir, adapters):
+    # vLLM drops every visual.* LoRA module ("will be ignored") unless enable_tower_connector_lora is on
+    tower = engine_kwargs(starter_model_dir, adapters["tower"], 16, None, 0.5, seed=0)
+    assert tower["enable_lora"] is True and tower["enable_tower_connector_lora"] is True
+    language = engine_kwargs(starter_model_dir, adapters["language"], 16, None, 0.5, seed=0)
+    assert language["enable_lora"] is True and "enable_tower_connector_lora" not in language
+
+
+def test_engine_arguments_enable_prefix_caching_and_lora(starter_model_dir, adapters):
+    kwargs = engine_kwargs(starter_model_dir, adapters["language"], 16, 4096, 0.5, seed=3)
     assert kwargs["enable_prefix_caching"] is True and kwargs["limit_mm_per_prompt"] == {"image": 16}
-    assert kwargs["enable_lora"] is True and kwargs["max_lora_rank"] == 32 and kwargs["max_model_len"] == 4096
+    assert kwargs["enable_lora"] is True and kwargs["max_lora_rank"] == 8 and kwargs["max_model_len"] == 4096
+    assert kwargs["dtype"] == "bfloat16" and "enforce_eager" not in kwargs, "CUDA: bf16, CUDA graphs"
     assert "enable_lora" not in engine_kwargs(starter_model_dir, None, 16, None, 0.5, seed=3)
 
 
-def test_building_the_engine_without_gpu_says_what_to_do_instead():
+def test_the_cpu_setting_runs_vllm_in_float32_eagerly(starter_model_dir):
+    kwargs = engine_kwargs(starter_model_dir, None, 16, None, 0.5, seed=3, device="cpu")
+    assert kwargs["dtype"] == "float32" and kwargs["enforce_eager"] is True
+
+
+def test_building_the_engine_without_gpu_names_the_cpu_setting(monkeypatch):
     assert not torch.cuda.is_available(), "this test describes a machine without a GPU"
-    with pytest.raises(RuntimeError, match="engine='hf'"):
-        load_vllm_api()
+    monkeypatch.delenv(DEVICE_VAR, raising=False)
+    with pytest.raises(RuntimeError, match=r"engine='hf'.*MAZERL_VLLM_DEVICE=cpu"):
+        load_vllm_api(vllm_device())
+
+
+def test_the_cpu_setting_without_vllm_says_where_vllm_comes_from(monkeypatch):
+    monkeypatch.setenv(DEVICE_VAR, "cpu")
+    monkeypatch.delenv(CPU_KVCACHE_VAR, raising=False)
+    with pytest.raises(RuntimeError, match="needs the 'vllm' package"):
+        load_vllm_api(vllm_device())
+    assert os.environ[CPU_KVCACHE_VAR] == "1", "vLLM's CPU KV cache is bounded unless given"
+
+
+def test_an_unknown_device_setting_is_refused(monkeypatch):
+    monkeypatch.setenv(DEVICE_VAR, "tpu")
+    with pytest.raises(ValueError, match=r"MAZERL_VLLM_DEVICE='tpu' must be 'cuda' \(the default\) or 'cpu'"):
+        vllm_device()
 
 
 class _Completion:
@@ -190,10 +232,9 @@ class _FakeLLM:
         return outputs
 
 
-def test_generate_wires_prompts_params_and_adapter_mocked_vllm(policy, starter_model_dir, tmp_path):
-    adapter = tmp_path / "adapter"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8}))
+def test_generate_wires_prompts_params_and_adapter_mocked_vllm(policy, starter_model_dir, adapters, monkeypatch):
+    monkeypatch.delenv(DEVICE_VAR, raising=False)
+    adapter = adapters["language"]
     api = VllmApi(LLM=_FakeLLM, SamplingParams=dict, LoRARequest=dict)
     engine = VLLMEngine(starter_model_dir, policy.processor, adapter_dir=adapter, api=api)
     requests = episode_requests(policy.processor, turns=2)
@@ -209,3 +250,14 @@ def test_generate_wires_prompts_params_and_adapter_mocked_vllm(policy, starter_m
     assert results[0].response_ids == [11, 12, eot] and results[0].text == "left"
     assert results[1].response_ids == [11, 12, 13]
     assert engine.generate([], GenerationSettings()) == []
+
+
+def test_a_vllm_without_the_tower_lora_argument_refuses_a_tower_adapter(policy, starter_model_dir, adapters):
+    # given a vLLM whose engine arguments lack enable_tower_connector_lora (it would ignore visual.* modules)
+    accepted = frozenset({"model", "dtype", "enable_lora", "max_loras", "max_lora_rank"})
+    api = VllmApi(LLM=_FakeLLM, SamplingParams=dict, LoRARequest=dict, engine_args=accepted)
+    # then an adapter on the vision tower is refused, naming the argument and the ways out
+    with pytest.raises(RuntimeError, match=r"enable_tower_connector_lora.*vLLM 0\.30\.0.*merge the adapter"):
+        VLLMEngine(starter_model_dir, policy.processor, adapter_dir=adapters["tower"], api=api)
+    # and one on the text decoder only is served
+    assert VLLMEngine(starter_model_dir, policy.processor, adapter_dir=adapters["language"], api=api).lora_request

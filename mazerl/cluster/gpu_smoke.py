@@ -13,9 +13,11 @@ The checks, each only where the run needs it (:func:`smoke_for`):
   architectures the image's torch was built for (``torch.cuda.get_arch_list()``);
 - ``gpu.flash_attn``: one ``flash_attn_func`` call, compared with torch's attention (SkyRL's FSDP
   workers use flash-attn);
-- ``gpu.vllm_generate``: the base model loaded by vLLM and one token generated;
-- ``gpu.lora_adapter``: one token through a LoRA adapter of the run's rank and target modules
-  (all zeros, so it changes nothing), as SkyRL hands vLLM its adapter every step.
+- ``gpu.vllm_generate``: the base model loaded by vLLM and one token generated from a maze's first turn with
+  its frame (:func:`smoke_prompt`: the ``vllm`` engine's own multi-modal request), so the vision tower and
+  vLLM's image processing run too, as in every eval and rollout;
+- ``gpu.lora_adapter``: one token from that request through a LoRA adapter of the run's rank and target
+  modules (all zeros, so it changes nothing), as SkyRL hands vLLM its adapter every step.
 
 A check that fails reports the first line of its error (``no kernel image is available for
 execution on the device`` for a wheel without the architecture). vLLM and flash-attn are imported
@@ -32,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envs.maze import MazeEnv
 from mazerl.cluster.report import CheckRow
 
 CHECKS = ("compute_capability", "flash_attn", "vllm_generate", "lora_adapter")
@@ -87,8 +90,8 @@ def smoke_for(
 GPU_EXPECTED = {
     "compute_capability": "the GPU's architecture is one the image's torch was built for",
     "flash_attn": "one flash_attn_func call matches torch's attention",
-    "vllm_generate": "vLLM loads the base model and generates a token",
-    "lora_adapter": "vLLM generates through a LoRA adapter of the run's rank and target modules",
+    "vllm_generate": "vLLM loads the base model and generates a token from a maze frame and its prompt",
+    "lora_adapter": "vLLM generates from the maze frame through a LoRA adapter of the run's rank and target modules",
 }
 
 
@@ -153,7 +156,7 @@ def run_checks(request: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     if "flash_attn" in checks:
         results["flash_attn"] = _try(lambda: _flash_attn_call(torch), device)
     if "vllm_generate" in checks or "lora_adapter" in checks:
-        results.update(_vllm_checks(request, checks, device))
+        results.update(vllm_checks(request, checks, device))
     return results
 
 
@@ -201,7 +204,24 @@ def zero_adapter(base_model: str, rank: int, targets: list[str], out_dir: Path) 
     return out_dir
 
 
-def _vllm_checks(request: Mapping[str, Any], checks: list[str], device: str) -> dict[str, dict[str, Any]]:
+def smoke_prompt(base_model: str) -> dict[str, Any]:
+    """A maze's first turn (the task prompt and one frame, in the model's chat template) as the ``vllm`` engine
+    sends it: ``vllm_prompt``'s token prompt with the frame as multi-modal data."""
+    # lazy: the policy runtime imports torch and transformers (seconds); only the GPU worker builds the prompt
+    from mazerl.policy.chat import Conversation, image_token_id, render
+    from mazerl.policy.engines import GenerationRequest
+    from mazerl.policy.loader import load_processor
+    from mazerl.policy.vllm_engine import vllm_prompt
+
+    env = MazeEnv(size=7, cell_px=16)
+    frame, _ = env.reset(seed=0)
+    processor = load_processor(base_model)
+    input_ids, images = render(processor, Conversation.start(env.prompt(), frame))
+    return vllm_prompt(GenerationRequest(input_ids, images), image_token_id(processor))
+
+
+def vllm_checks(request: Mapping[str, Any], checks: list[str], device: str) -> dict[str, dict[str, Any]]:
+    """The ``vllm_generate`` and ``lora_adapter`` checks (those ``checks`` names) on whatever device vLLM runs on."""
     results: dict[str, dict[str, Any]] = {}
     base = request.get("base_model")
     if not base:
@@ -211,6 +231,9 @@ def _vllm_checks(request: Mapping[str, Any], checks: list[str], device: str) -> 
             if name in checks
         }
     with_lora = "lora_adapter" in checks
+    # lazy: the policy runtime imports torch (seconds); only the GPU worker runs vLLM
+    from mazerl.policy.vllm_engine import shutdown_llm
+
     try:
         from vllm import LLM, SamplingParams  # only in the GPU image
         from vllm.lora.request import LoRARequest
@@ -222,16 +245,19 @@ def _vllm_checks(request: Mapping[str, Any], checks: list[str], device: str) -> 
             "max_model_len": 2048,
             "gpu_memory_utilization": 0.5,
             "enforce_eager": True,  # no CUDA-graph capture: seconds, not minutes
-            "limit_mm_per_prompt": {"image": 0},
+            "limit_mm_per_prompt": {"image": 1},
         }
         if with_lora:
             kwargs |= {"enable_lora": True, "max_loras": 1, "max_lora_rank": int(request["lora_rank"])}
+        prompt = smoke_prompt(base)
         llm = LLM(**kwargs)
         one = SamplingParams(max_tokens=1, temperature=0.0)
-        (out,) = llm.generate(["The maze is"], one)
+        (out,) = llm.generate([prompt], one)
+        tokens = list(out.outputs[0].token_ids) if out.outputs else []
         results["vllm_generate"] = {
-            "ok": bool(out.outputs and out.outputs[0].token_ids),
-            "found": f"{device}: one token {list(out.outputs[0].token_ids)} in {time.monotonic() - started:.1f} s",
+            "ok": bool(tokens),
+            "found": f"{device}: one token {tokens} after a maze frame and "
+            f"{len(prompt['prompt_token_ids'])} prompt tokens in {time.monotonic() - started:.1f} s",
         }
     except Exception as exc:  # noqa: BLE001 - a failed load is the finding
         found = {"ok": False, "found": f"{device}: {_first_line(exc)}"}
@@ -242,8 +268,9 @@ def _vllm_checks(request: Mapping[str, Any], checks: list[str], device: str) -> 
             with tempfile.TemporaryDirectory(prefix="mazerl-smoke-lora-") as scratch:
                 adapter = zero_adapter(base, int(request["lora_rank"]), list(request["lora_targets"]), Path(scratch))
                 lora = LoRARequest(lora_name="smoke", lora_int_id=1, lora_path=str(adapter))
-                (through,) = llm.generate(["The maze is"], one, lora_request=lora)
+                (through,) = llm.generate([prompt], one, lora_request=lora)
             return f"rank {request['lora_rank']} adapter on {', '.join(request['lora_targets'])}: {list(through.outputs[0].token_ids)}"
 
         results["lora_adapter"] = _try(through_adapter, device)
+    shutdown_llm(llm)  # the GPU is free again at once, not when the actor ends
     return results

@@ -50,6 +50,8 @@ JOB_ENV_ALLOWED = frozenset(
         "CUDA_VISIBLE_DEVICES",
         "NVIDIA_VISIBLE_DEVICES",
         "CUDA_HOME",
+        "MAZERL_VLLM_DEVICE",  # the vllm engine on vLLM's CPU build (mazerl.policy.vllm_engine), and its KV cache
+        "VLLM_CPU_KVCACHE_SPACE",
         "HF_HOME",
         "HF_HUB_CACHE",
         "HF_HUB_OFFLINE",
