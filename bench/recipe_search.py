@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.learning_result import baseline_rows, kinds_of  # noqa: E402
 from mazerl.eval_files import read_result_rows  # noqa: E402
 
+EXPERIMENT = "recipe-search"  # one MLflow experiment: each (arm, seed) a run
+
 
 def arm_root(root: Path, arm: str) -> Path:
     return root / arm.replace(" ", "_")
@@ -40,6 +42,8 @@ def run_dir(root: Path, arm: str, seed: int) -> Path:
 
 
 def train(args: argparse.Namespace, arms: dict[str, dict]) -> None:
+    from mlflow.tracking import MlflowClient
+
     from mazerl.training.config import TrainConfig, save_config
     from mazerl.training.recipes import EMBEDDED_TRAINING, deep_merge
 
@@ -49,16 +53,22 @@ def train(args: argparse.Namespace, arms: dict[str, dict]) -> None:
             if (directory / "train_result.json").is_file():
                 print(f"{arm} seed {seed}: done already, skipped", flush=True)
                 continue
+            uri = f"sqlite:///{args.root}/mlflow.db"
+            path = arm_root(args.root, arm) / f"seed{seed}.json"
             values = deep_merge(EMBEDDED_TRAINING, overrides) | {
                 "run_id": f"seed{seed}",
                 "seed": seed,
                 "data_root": str(arm_root(args.root, arm)),
                 "base_model": str(args.model),
                 "eval_set": "maze256-small-v1",
-                "mlflow": {"tracking_uri": f"sqlite:///{args.root}/mlflow.db", "experiment": "recipe-search"},
+                "mlflow": {
+                    "tracking_uri": uri,
+                    "experiment": EXPERIMENT,
+                    "run_id": arm_run(uri, arm, seed, overrides, path),
+                },
             }
             config = TrainConfig.model_validate(values)
-            path = save_config(config, arm_root(args.root, arm) / f"seed{seed}.json")
+            path = save_config(config, path)
             print(f"{arm} seed {seed}: training ({json.dumps(overrides)})", flush=True)
             load = [os.getloadavg()[0]]
             started = time.perf_counter()
@@ -67,6 +77,33 @@ def train(args: argparse.Namespace, arms: dict[str, dict]) -> None:
             (directory / "search.json").write_text(
                 json.dumps({"load": load, "wall_seconds": time.perf_counter() - started})
             )
+            MlflowClient(uri).set_terminated(config.mlflow.run_id, "FINISHED")
+
+
+def arm_run(uri: str, arm: str, seed: int, overrides: dict, config_path: Path) -> str:
+    """The MLflow run of (arm, seed) in the experiment ``recipe-search``: the one an earlier, stopped
+    search made (its config names it), else a new one with the arm's settings as params, so that a
+    user compares arms side by side in the MLflow UI (the trainer logs every step and greedy eval into it)."""
+    from mlflow.entities import Param
+    from mlflow.tracking import MlflowClient
+
+    if config_path.is_file():
+        return json.loads(config_path.read_text())["mlflow"]["run_id"]
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment(EXPERIMENT)
+    run = client.create_run(experiment_id, run_name=f"{arm} seed {seed}", tags={"arm": arm, "seed": str(seed)})
+    settings = flat(overrides) | {"seed": seed, "arm": arm}
+    client.log_batch(run.info.run_id, params=[Param(key, str(value)[:500]) for key, value in settings.items()])
+    return run.info.run_id
+
+
+def flat(values: dict, prefix: str = "") -> dict:
+    """Nested overrides as ``grpo.credit``-style keys."""
+    out = {}
+    for key, value in values.items():
+        out |= flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value}
+    return out
 
 
 def mcnemar(solved: list[bool], base: list[bool]) -> tuple[int, int, float]:
