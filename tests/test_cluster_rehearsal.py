@@ -272,9 +272,9 @@ def hyperpod_params() -> PipelineParams:
 # --------------------------------------------------------------------------------------
 
 
-def test_rehearsal_no_gpu_standin_cuda_and_vllm_verify_cluster_counts_gpus_per_node_checks_storage_and_smokes_each_gpu_worker(
-    cluster, tmp_path
-):
+def test_rehearsal_no_gpu_verify_cluster_counts_gpus_checks_storage_and_smokes_each_worker(cluster, tmp_path):
+    """Stand-ins for CUDA and vLLM (no GPU here): verify_cluster counts GPUs per node, checks the shared
+    storage from every node and smokes each GPU worker."""
     from mazerl.cluster.fixes import CLUSTER_FIXES
     from mazerl.cluster.gpu_smoke import CHECKS, GpuSmoke
     from mazerl.cluster.report import ClusterNotReadyError
@@ -591,9 +591,11 @@ def skyrl_params(root: Path, model: Path, address: str) -> PipelineParams:
     )
 
 
-def test_rehearsal_no_gpu_local_for_skyrl_a_lost_gpu_node_is_waited_for_and_training_resumes_on_its_replacement(
+def test_rehearsal_no_gpu_a_lost_gpu_node_is_waited_for_and_training_resumes_on_its_replacement(
     cluster, cluster_token, prefect_api, mlflow_root, starter_model_dir, monkeypatch
 ):
+    """The local trainer stands in for SkyRL (no GPU here): a GPU node lost mid-run is waited for, and
+    training resumes on its replacement."""
     from prefect import flow
     from ray.job_submission import JobSubmissionClient
     from rehearsal_skyrl_entry import TRAINING_ON

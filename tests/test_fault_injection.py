@@ -394,9 +394,11 @@ OUTCOMES = {
 
 
 @pytest.mark.parametrize("kind", list(SIMULATED_ERRORS))
-def test_checkpoint_write_failing_with_simulated_os_error_is_clear_keeps_the_previous_checkpoint_and_retry_succeeds(
+def test_simulated_checkpoint_write_error_is_clear_and_the_retry_resumes_from_the_previous_one(
     tmp_path, starter_model_dir, monkeypatch, capsys, kind
 ):
+    """A checkpoint write failing with a simulated OS error says so clearly, keeps the previous
+    checkpoint, and the retry succeeds from it."""
     from mazerl.training import local_entry
 
     config = tiny_config(tmp_path, starter_model_dir, steps=2)
@@ -558,9 +560,11 @@ def ray_jobs(head, pipeline_run: str | None = None, stage: str | None = None) ->
     ]
 
 
-def test_flow_process_killed_while_its_ray_job_trains_then_the_retried_flow_run_resumes_and_logs_each_step_once(
+def test_flow_process_killed_while_training_then_the_retry_resumes_and_logs_each_step_once(
     prefect_api, local_ray_head, mlflow_root, starter_model_dir, tmp_path
 ):
+    """The flow process is killed while its Ray job trains; the retried flow run resumes and logs each
+    step once."""
     from mlflow.tracking import MlflowClient
     from prefect.client.orchestration import get_client
 

@@ -330,9 +330,11 @@ def prefect_db_states(root: Path) -> tuple[dict, list]:
 
 
 @pytest.mark.slow  # five mazerl runs (each starts Prefect's temporary server)
-def test_mazerl_run_killed_in_training_merge_lora_final_eval_and_promote_resumes_each_time_and_finishes_once(
+def test_mazerl_run_killed_in_each_late_stage_resumes_each_time_and_finishes_once(
     local_ray_head, starter_model_dir, mlflow_root, tmp_path
 ):
+    """`mazerl run` killed in training, merge_lora, final_eval and promote resumes each time and
+    finishes once."""
     import psutil
     from mlflow.tracking import MlflowClient
 

@@ -393,9 +393,8 @@ def test_cancelling_the_caller_stops_the_ray_job(local_ray_head, scripts):
     )
 
 
-def test_a_caller_stopped_where_a_retry_re_attaches_keeps_its_job_and_an_abandoned_run_has_its_jobs_stopped(
-    local_ray_head, scripts
-):
+def test_a_stopped_caller_keeps_its_job_for_a_retry_and_an_abandoned_run_loses_its_jobs(local_ray_head, scripts):
+    """A caller stopped where a retry re-attaches keeps its job; an abandoned run has its jobs stopped."""
     from mazerl.cluster.pipeline_jobs import stop_pipeline_jobs
 
     lines: list[str] = []
