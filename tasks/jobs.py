@@ -14,6 +14,7 @@ from prefect.runtime import deployment, flow_run, task_run
 from mazerl import atomic
 from mazerl.cluster.client import ray_headers
 from mazerl.cluster.errors import RetryableJobError
+from mazerl.cluster.hang_watchdog import JobProgress
 from mazerl.cluster.job_outcome import JobOutcome
 from mazerl.cluster.job_spec import module_entrypoint
 from mazerl.cluster.submitter import RayJob
@@ -37,7 +38,7 @@ def run_stage_job(
     *,
     env_vars: dict[str, str] | None = None,
     hang_timeout_s: float | None = None,
-    progress_probe: Callable[[], object] | None = None,
+    progress_probe: JobProgress | None = None,
     on_line: Callable[[str], None] | None = None,
     rewrite: Callable[[str], str] | None = None,
     **job_options: Any,

@@ -10,9 +10,22 @@ and reports it as retryable. Works on any Ray cluster.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 logger = logging.getLogger(__name__)
+
+
+class JobProgress(Protocol):
+    """What :class:`~mazerl.cluster.submitter.RayJob` asks of a progress probe: its value for the
+    watchdog (anything comparable; it changes when the job advances), every line of the job's log,
+    and the metadata of the job it follows (a re-attached job may write into another run's directory)."""
+
+    def __call__(self) -> object: ...
+
+    def feed(self, line: str) -> None: ...
+
+    def follow(self, metadata: Mapping[str, str]) -> None: ...
 
 
 class HangWatchdog:

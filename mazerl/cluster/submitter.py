@@ -1,7 +1,7 @@
 """Run a stage as a Ray job and follow it to its end: the one submission path for both
 training backends, on the embedded local head and on a real cluster alike.
 
-What it guarantees (design section 4):
+What it guarantees:
 
 - **One job per pipeline run.** The submission id is deterministic,
   ``mazerl-<pipeline run>-<stage>-a<attempt>``, and every job carries metadata
@@ -71,7 +71,7 @@ from typing import Any, Literal
 
 from mazerl.cluster.client import auth_refused, job_client, parse_address
 from mazerl.cluster.errors import ClusterAccessError, ConfigError, RetryableJobError
-from mazerl.cluster.hang_watchdog import HangWatchdog
+from mazerl.cluster.hang_watchdog import HangWatchdog, JobProgress
 from mazerl.cluster.job_log import JobLogFeed, LogOffsets
 from mazerl.cluster.job_outcome import JobOutcome, failure_error
 from mazerl.cluster.job_spec import (
@@ -136,7 +136,7 @@ class RayJob:
         headers: dict[str, str] | None = None,
         log: LogFn | None = None,
         hang_timeout_s: float | None = None,
-        progress_probe: Callable[[], object] | None = None,
+        progress_probe: JobProgress | None = None,
         poll_s: float = 0.5,
         unreachable_grace_s: float = 20.0,
         entrypoint_num_gpus: float | None = None,
@@ -179,7 +179,7 @@ class RayJob:
         self._already_succeeded = False
         self._started_at = time.monotonic()
         self._session_renewed_at: float | None = None
-        feed = getattr(progress_probe, "feed", None)  # the probe reads the job's lines too
+        feed = progress_probe.feed if progress_probe is not None else None  # the probe reads the job's lines too
         self._job_log = JobLogFeed(LogOffsets(log_offsets_dir), self.log, feed, poll_s)
         # asked when an exception leaves the ``with`` block: a reason to leave the job running, or None to stop it
         self.keep_running_on = keep_running_on
@@ -246,9 +246,8 @@ class RayJob:
         if self._already_succeeded:
             self._finished = True
             return self._outcome("SUCCEEDED", "already succeeded")
-        follow = getattr(self.progress_probe, "follow", None)
-        if follow is not None:  # where the followed job writes (another run's directory, if re-attached)
-            follow(self.metadata)
+        if self.progress_probe is not None:  # where the followed job writes (another run's directory, if re-attached)
+            self.progress_probe.follow(self.metadata)
         self._job_log.follow(self._client, self.submission_id, resume=self.reattached)
         last_answer = time.monotonic()
         while True:

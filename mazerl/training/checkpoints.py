@@ -1,4 +1,4 @@
-"""Checkpoint layout, the step marker, atomic saves and verified resume (design section 2).
+"""Checkpoint layout, the step marker, atomic saves and verified resume (docs/training.md, "Checkpoints and resume").
 
 ::
 
@@ -40,6 +40,7 @@ import torch
 from mazerl.atomic import install_dir, temporary_sibling, write_text
 from mazerl.fingerprint import mismatch, model_fingerprint
 from mazerl.training.disk_room import StorageFullError, check_room, dir_bytes, full_message, has_room, is_no_space
+from mazerl.training.metrics_sink import MetricsSink
 
 MARKER = "latest_ckpt_global_step.txt"
 BASE_MODEL_RECORD = "base_model.json"
@@ -338,7 +339,7 @@ def record_base_model(root: Path, base_model: Path) -> str:
     return fingerprint
 
 
-def replay_metrics(checkpoint: Checkpoint, sink: Any) -> bool:
+def replay_metrics(checkpoint: Checkpoint, sink: MetricsSink) -> bool:
     """Hand the checkpoint's own metrics row to ``sink.log(step, row)`` (which records a step once).
 
     True when the checkpoint holds a row; a SkyRL checkpoint, or one written before rows were kept, holds none.

@@ -49,7 +49,7 @@ from mazerl.atomic import write_jsonl, write_text
 from mazerl.eval_files import EVAL_METRICS
 from mazerl.evaluation.summary import result_row
 from mazerl.fingerprint import model_fingerprint
-from mazerl.policy.engines import GenerationSettings, stop_ids
+from mazerl.policy.engines import GenerationSettings, InferenceEngine, stop_ids
 from mazerl.policy.episodes import Episode, rollout_metrics, run_episodes
 from mazerl.policy.loader import ModelLoadError, load_policy, read_adapter_config
 from mazerl.policy.prefix_engine import PrefixCachingEngine
@@ -64,6 +64,7 @@ from mazerl.training.disk_room import check_room, checkpoint_need
 from mazerl.training.grpo import LOSS_REDUCTIONS, micro_batch_loss, mini_batches
 from mazerl.training.lora_adapter import attach_lora
 from mazerl.training.lr_schedule import step_scheduler
+from mazerl.training.metrics_sink import MetricsSink
 from mazerl.training.run_config import record_config
 from mazerl.training.scoring import PackedScorer, TurnSample, decision_mask, log_probs_before_update, reply_mask
 from mazerl.training.seeding import rng_state, seed_everything, step_seed
@@ -98,7 +99,7 @@ class LocalGRPOTrainer:
     ``generate``-based engine and the per-turn oracle to compare the paths.
     """
 
-    engine_class: type = PrefixCachingEngine
+    engine_class: Callable[..., InferenceEngine] = PrefixCachingEngine
     scorer_class: type = PackedScorer
 
     def __init__(self, config: TrainConfig, log: Callable[[str], None] = print) -> None:
@@ -360,7 +361,7 @@ class LocalGRPOTrainer:
 
     # ---- the run ---------------------------------------------------------------------
 
-    def run(self, metrics_sink: Any | None = None) -> TrainResult:
+    def run(self, metrics_sink: MetricsSink | None = None) -> TrainResult:
         config = self.config
         started = time.perf_counter()
         config.run_dir.mkdir(parents=True, exist_ok=True)
