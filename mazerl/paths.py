@@ -1,4 +1,4 @@
-"""The data root and the file layout under it (design section 2).
+"""The data root and the file layout under it (docs/architecture.md, "The data root").
 
 Everything a run produces lives under one root: ``./.mazerl`` by default, ``$MAZERL_HOME``
 when set, or an explicit parameter; on a cluster it is the shared mount (``/shared``).

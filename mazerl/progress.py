@@ -64,7 +64,7 @@ GREEDY_EVAL_VALUE = re.compile(rf"\b{GREEDY_EVAL} \d+(?:\.\d+)?%")
 
 def step_line(step: int, total: int, metrics: Mapping[str, Any], times: str | None = None) -> str:
     """``step 3/160: reward 0.512 success 0.438 (52.1s); 02:36 elapsed, 2:15:24 left``, from the metric
-    names of design section 5; ``times`` (:meth:`ProgressMeter.times`) ends it.
+    names of docs/mlflow.md; ``times`` (:meth:`ProgressMeter.times`) ends it.
 
     The one writer of the line (both backends call it). Where the step's rollout and update
     seconds are known they go inside the brackets: ``(52.1s: rollout 40.0s, update 12.1s)``. A

@@ -15,7 +15,7 @@ entrypoint). What it keeps of SkyRL 0.4's job, because that is what a lost GPU n
 What stands in: the training is our local GRPO engine (``mazerl.training.local_entry``, the same
 config as ``backend: local``), on CPU, in one bundle; SkyRL would run FSDP workers and vLLM engines
 in all of them. Checkpoints, the ``step N/M:`` lines and the metrics are the local engine's, in the
-layout both backends share (design section 2).
+layout both backends share (docs/architecture.md, "The data root").
 """
 
 from __future__ import annotations

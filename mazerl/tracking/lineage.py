@@ -4,7 +4,7 @@ Every function takes the tracking URI and explicit run ids and talks to MLflow t
 ``MlflowClient``: MLflow's "active run" is thread-local, and Prefect runs tasks on worker
 threads and Ray jobs in other processes, so nothing here relies on ``mlflow.start_run``.
 
-Layout (design section 5)::
+Layout (what docs/mlflow.md shows in the UI)::
 
     experiment vlm-maze-grpo         tag mlflow.experimentKind = custom_model_development
       <run id>, e.g. ruddy-gerbil-8432ca63

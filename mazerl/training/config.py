@@ -397,7 +397,7 @@ class TrainConfig(StrictModel):
         digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
         return {"config_digest": digest, "data_root": str(self.data_root), "run_id": self.run_id}
 
-    # Derived locations (design section 2).
+    # Derived locations (docs/architecture.md, "The data root").
     @property
     def run_dir(self) -> Path:
         return paths.run_dir(self.data_root, self.run_id)

@@ -13,7 +13,7 @@ Three translations live here, each one function:
 * :func:`dataset_rows` writes the "tickets" SkyRL's ``PromptDataset`` reads: one row per maze;
   every column but ``prompt``/``env_class`` reaches our env as ``extras``. SkyRL repeats each
   row ``n_samples_per_prompt`` times, so all samples of a GRPO group play the same maze.
-* :func:`add_metric_aliases` copies SkyRL's metric names onto the names of design section 5,
+* :func:`add_metric_aliases` copies SkyRL's metric names onto the names of docs/mlflow.md,
   so dashboards read ``train/success_rate`` whichever backend trained.
 
 SkyRL's own behaviour this module relies on (verified in the 0.4.0 wheel, see docs/skyrl.md):
@@ -333,7 +333,7 @@ def _run_overrides(config: TrainConfig) -> dict[str, Any]:
     """Where the run keeps its checkpoints, exports and logs, when it evaluates, and how it is tracked."""
     files = run_files(config)
     return {
-        # checkpoints (design section 2: <run dir>/checkpoints, marker written last by SkyRL)
+        # checkpoints (docs/architecture.md, "The data root": <run dir>/checkpoints, marker written last by SkyRL)
         "trainer.ckpt_path": str(config.checkpoint_dir),
         "trainer.ckpt_interval": config.checkpoint_interval,
         "trainer.max_ckpts_to_keep": config.checkpoints_kept,

@@ -107,8 +107,7 @@ def completed_step(config: TrainConfig, log: Callable[[str], None] = print) -> i
 
 
 def wire_tracker(tracker: Any, cfg: Any, sink: Any | None = None) -> Any:
-    """SkyRL's ``Tracking`` with our additions to every ``log`` call: our metric names (design
-    section 5), the Grafana gauges, and the ``step N/M:`` line of each finished step (the source
+    """SkyRL's ``Tracking`` with our additions to every ``log`` call: our metric names (docs/mlflow.md), the Grafana gauges, and the ``step N/M:`` line of each finished step (the source
     the hang watchdog and the progress artifact read; SkyRL prints none with ``logger=mlflow``).
 
     With ``sink`` (a :class:`~mazerl.tracking.metrics.MetricsLogger` on the run's ``metrics.jsonl``,
