@@ -118,6 +118,16 @@ def _gif_frame(frame: np.ndarray, scale: int, caption: str | None) -> Image.Imag
     return framed
 
 
+def _encode_gif(images: list[Image.Image], frame_ms: int) -> bytes:
+    """The frames as one looping GIF, the last frame held three times longer so the end reads."""
+    durations = [frame_ms] * (len(images) - 1) + [frame_ms * 3]
+    buffer = io.BytesIO()
+    images[0].save(
+        buffer, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0, optimize=False
+    )
+    return buffer.getvalue()
+
+
 def episode_gif_bytes(
     frames: Sequence[np.ndarray], frame_ms: int = 400, caption: str | None = None, min_px: int = GIF_MIN_PX
 ) -> bytes:
@@ -130,12 +140,7 @@ def episode_gif_bytes(
         raise ValueError("episode_gif needs at least one frame")
     scale = max(1, -(-min_px // np.asarray(frames[0]).shape[1]))  # ceil(min_px / width)
     images = [_gif_frame(frame, scale, caption) for frame in frames]
-    durations = [frame_ms] * (len(images) - 1) + [frame_ms * 3]
-    buffer = io.BytesIO()
-    images[0].save(
-        buffer, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0, optimize=False
-    )
-    return buffer.getvalue()
+    return _encode_gif(images, frame_ms)
 
 
 def comparison_gif_bytes(
@@ -164,12 +169,7 @@ def comparison_gif_bytes(
         pair.paste(a, (0, 0))
         pair.paste(b, (a.width + gap_px, 0))
         images.append(pair)
-    durations = [frame_ms] * (len(images) - 1) + [frame_ms * 3]
-    buffer = io.BytesIO()
-    images[0].save(
-        buffer, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0, optimize=False
-    )
-    return buffer.getvalue()
+    return _encode_gif(images, frame_ms)
 
 
 def episode_gif(
