@@ -58,11 +58,21 @@ def add_eval_command(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="eval set name; default: the starter's set for the starter, else maze64-easy-v1",
     )
-    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf")
-    parser.add_argument("--workers", type=int, default=2, help="parallel Ray workers (default 2)")
+    # the names `mazerl run` and the pipeline parameters use; the short old ones stay as aliases
+    parser.add_argument("--eval-engine", "--engine", dest="engine", choices=("hf", "vllm"), default="hf")
+    parser.add_argument(
+        "--eval-workers", "--workers", dest="workers", type=int, default=2, help="parallel Ray workers (default 2)"
+    )
     parser.add_argument("--out", default=None, help="output directory; default <data root>/evals/<model>/<set>")
     parser.add_argument("--gifs", type=int, default=4, help="episode GIFs to write (half solved, half failed)")
-    parser.add_argument("--max-mazes", type=int, default=None, help="evaluate only the first N mazes")
+    parser.add_argument(
+        "--max-eval-mazes",
+        "--max-mazes",
+        dest="max_mazes",
+        type=int,
+        default=None,
+        help="evaluate only the first N mazes",
+    )
     parser.add_argument(
         "--ray-address",
         default=None,
@@ -87,8 +97,8 @@ def check_eval_flags(args: argparse.Namespace) -> tuple[Path, str, Path]:
     The cheap checks come first; reading the model's config imports transformers (and torch).
     """
     for flag, value, minimum in (
-        ("--workers", args.workers, 1),
-        ("--max-mazes", args.max_mazes, 1),
+        ("--eval-workers", args.workers, 1),
+        ("--max-eval-mazes", args.max_mazes, 1),
         ("--max-new-tokens", args.max_new_tokens, 1),
         ("--gifs", args.gifs, 0),
     ):
@@ -106,7 +116,7 @@ def check_eval_flags(args: argparse.Namespace) -> tuple[Path, str, Path]:
         load(eval_set)
     except EvalSetError as exc:
         raise InputError("--eval-set", f"--eval-set {eval_set}: {exc}") from exc
-    check_max_eval_mazes(args.max_mazes, eval_set, "--max-mazes")
+    check_max_eval_mazes(args.max_mazes, eval_set, "--max-eval-mazes")
     if args.adapter is not None:
         check_adapter(Path(args.adapter).expanduser(), field="--adapter")
     root_field = check_root_env(args.data_root)
@@ -130,8 +140,8 @@ def check_engine(engine: str, ray_address: str | None) -> None:
 
     vLLM's eval workers each ask Ray for a GPU: on the embedded head of a machine without one they
     would wait for it forever (the bar at ``0maze`` for minutes, no message), so that is refused
-    before anything starts. A cluster (``--ray-address``, or ``RAY_ADDRESS``) counts its own GPUs.
-    vLLM's CPU build, once it is supported, is the setting this check reads.
+    before anything starts. A cluster (``--ray-address``, or ``RAY_ADDRESS``) counts its own GPUs
+    (declared ones too: that is how the vLLM test leg runs vLLM's CPU build, ``MAZERL_VLLM_DEVICE=cpu``).
     """
     if engine != "vllm" or ray_address is not None or os.environ.get("RAY_ADDRESS"):
         return
@@ -139,10 +149,10 @@ def check_engine(engine: str, ray_address: str | None) -> None:
 
     if torch.cuda.device_count() == 0:
         raise InputError(
-            "--engine",
-            "--engine vllm: this machine has no GPU, and each vLLM eval worker needs one (on the embedded Ray head "
+            "--eval-engine",
+            "--eval-engine vllm: this machine has no GPU, and each vLLM eval worker needs one (on the embedded Ray head "
             "it would wait for one forever); run it on a machine with a GPU, give --ray-address of a Ray cluster "
-            "with GPUs, or use --engine hf (CPU)",
+            "with GPUs, or use --eval-engine hf (CPU)",
         )
 
 

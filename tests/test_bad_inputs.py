@@ -736,7 +736,10 @@ CLI_CASES = [
         "give the Hugging Face model directory",
     ),
     CliCase(
-        "eval: --workers 0", lambda d, _: EVAL + ["--model", fake_model(d, "ok"), "--workers", "0"], "--workers", ">= 1"
+        "eval: --eval-workers 0",
+        lambda d, _: EVAL + ["--model", fake_model(d, "ok"), "--eval-workers", "0"],
+        "--eval-workers",
+        ">= 1",
     ),
     CliCase(
         "eval: --eval-set unknown",
@@ -745,9 +748,9 @@ CLI_CASES = [
         "choose one of",
     ),
     CliCase(
-        "eval: --max-mazes negative",
-        lambda d, _: EVAL + ["--model", fake_model(d, "ok"), "--max-mazes", "-1"],
-        "--max-mazes",
+        "eval: --max-eval-mazes negative",
+        lambda d, _: EVAL + ["--model", fake_model(d, "ok"), "--max-eval-mazes", "-1"],
+        "--max-eval-mazes",
         ">= 1",
     ),
     CliCase(
@@ -1133,19 +1136,19 @@ INPUT_CASES = [
         "more than eval set maze256-small-v1 holds (256 mazes); lower max_eval_mazes to at most 256",
     ),
     InputCase(
-        "eval: --max-mazes above the eval set's size",
-        lambda i: EVAL + ["--model", i.model("ok"), "--max-mazes", "300"],
-        "--max-mazes",
-        "lower --max-mazes to at most 256",
+        "eval: --max-eval-mazes above the eval set's size",
+        lambda i: EVAL + ["--model", i.model("ok"), "--max-eval-mazes", "300"],
+        "--max-eval-mazes",
+        "lower --max-eval-mazes to at most 256",
     ),
     InputCase(
-        "eval: --engine vllm on a machine without a GPU",
+        "eval: --eval-engine vllm on a machine without a GPU",
         lambda i: (
             i.monkeypatch.setattr("torch.cuda.device_count", lambda: 0),
-            EVAL + ["--model", i.model("ok"), "--engine", "vllm"],
+            EVAL + ["--model", i.model("ok"), "--eval-engine", "vllm"],
         )[1],
-        "--engine vllm",
-        "give --ray-address of a Ray cluster with GPUs, or use --engine hf",
+        "--eval-engine vllm",
+        "give --ray-address of a Ray cluster with GPUs, or use --eval-engine hf",
     ),
     InputCase(
         "eval: --adapter whose config names another rank",

@@ -162,7 +162,7 @@ def test_eval_command_with_a_dashboard_address_runs_the_eval_as_a_ray_job_there(
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(local_ray_head.token_path))
     out = tmp_path / "eval"
     argv = ["eval", "--model", str(starter_model_dir), "--ray-address", local_ray_head.address]
-    code = main([*argv, "--max-mazes", "2", "--workers", "1", "--gifs", "0", "--out", str(out)])
+    code = main([*argv, "--max-eval-mazes", "2", "--eval-workers", "1", "--gifs", "0", "--out", str(out)])
     printed = capsys.readouterr()
     assert code == 0, printed.err[-3000:]
     assert f"a Ray job on {local_ray_head.address}" in printed.out and "eval done: " in printed.out
@@ -211,3 +211,17 @@ def test_eval_workers_that_the_cluster_cannot_place_fail_within_the_bound_naming
     from ray.util.placement_group import remove_placement_group
 
     remove_placement_group(reserve_workers(1, 1, 0, wait_s=30))
+
+
+def test_eval_flags_use_the_pipeline_names_and_keep_the_old_ones_as_aliases():
+    import argparse
+
+    from cli.eval import add_eval_command
+
+    parser = argparse.ArgumentParser()
+    add_eval_command(parser.add_subparsers())
+    new = ["eval", "--model", "m", "--eval-engine", "vllm", "--eval-workers", "3", "--max-eval-mazes", "5"]
+    old = ["eval", "--model", "m", "--engine", "vllm", "--workers", "3", "--max-mazes", "5"]
+    parsed_new, parsed_old = vars(parser.parse_args(new)), vars(parser.parse_args(old))
+    assert parsed_new == parsed_old
+    assert (parsed_new["engine"], parsed_new["workers"], parsed_new["max_mazes"]) == ("vllm", 3, 5)

@@ -64,7 +64,7 @@ class EvalSettings:
 def check_max_eval_mazes(max_eval_mazes: int | None, eval_set: str | None, field: str = "max_eval_mazes") -> None:
     """A cap above the eval set's size is refused: the eval would play the whole set while the run's
     parameters (and its MLflow record) said fewer, and a typo (3000 for 300) would go unnoticed.
-    ``field``: the name the user gave it by (``--max-mazes`` for ``mazerl eval``)."""
+    ``field``: the name the user gave it by (``--max-eval-mazes`` for ``mazerl eval``)."""
     spec = SPECS.get(eval_set or "")
     if max_eval_mazes is not None and spec is not None and max_eval_mazes > spec.count:
         raise ValueError(
