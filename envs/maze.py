@@ -231,7 +231,7 @@ def solve_actions(layout: Layout, start: tuple[int, int] | None = None) -> list[
 def target_distances(layout: Layout) -> np.ndarray:
     """(H, W) moves from every open cell to the target along the maze (-1 on walls).
 
-    The training shaping term ``envs.reward.Shaping.progress`` pays the change of this distance
+    The training shaping term ``envs.reward.Shaping.progress_reward`` pays the change of this distance
     per move; in a perfect maze a move lowers it by one exactly when it is the solver's move.
     """
     distances = np.full(layout.walls.shape, -1, dtype=np.int64)

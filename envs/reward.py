@@ -38,36 +38,36 @@ class Shaping:
     a group that all fails carries no gradient at all. These terms give each turn its own
     signal:
 
-    - ``progress``: per move, ``progress * (distance before - distance after)``, the distance
-      being moves to the target along the maze (:func:`envs.maze.target_distances`). In a
-      perfect maze a move is worth ``+progress`` exactly when it is the solver's move and
-      ``-progress`` otherwise; a stop is worth ``+progress`` on the target (the solver's action
-      there) and ``-progress`` anywhere else.
+    - ``progress_reward``: per move, ``progress_reward * (distance before - distance after)``, the
+      distance being moves to the target along the maze (:func:`envs.maze.target_distances`). In a
+      perfect maze a move is worth ``+progress_reward`` exactly when it is the solver's move and
+      ``-progress_reward`` otherwise; a stop is worth ``+progress_reward`` on the target (the
+      solver's action there) and ``-progress_reward`` anywhere else.
     - ``bump_cost``: per reply that leaves the agent where it was without ending the episode
       (a wall bump, an unreadable reply), ``-bump_cost``.
     """
 
-    progress: float = 0.0
+    progress_reward: float = 0.0  # the training setting's own name (grpo.progress_reward)
     bump_cost: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("progress", "bump_cost"):
+        for name in ("progress_reward", "bump_cost"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"shaping {name}={value!r} must be a finite number >= 0 (0 disables it)")
 
     @property
     def active(self) -> bool:
-        return bool(self.progress or self.bump_cost)
+        return bool(self.progress_reward or self.bump_cost)
 
 
 def turn_shaping(shaping: Shaping, distance_before: int, distance_after: int, stopped: bool) -> float:
     """The shaping reward of one turn that took the agent from ``distance_before`` to ``distance_after``
     (moves to the target); ``stopped``: the reply was a stop, the solver's action on the target
-    (``+progress``) and a wrong one anywhere else (``-progress``), so that every turn that did what
+    (``+progress_reward``) and a wrong one anywhere else (``-progress_reward``), so that every turn that did what
     the solver would have done earns the same, the last one included."""
     if stopped:
-        return shaping.progress if distance_before == 0 else -shaping.progress
+        return shaping.progress_reward if distance_before == 0 else -shaping.progress_reward
     if distance_after == distance_before:
         return -shaping.bump_cost
-    return shaping.progress * (distance_before - distance_after)
+    return shaping.progress_reward * (distance_before - distance_after)

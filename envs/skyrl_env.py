@@ -72,7 +72,7 @@ class MazeTextEnv(BaseTextEnv):
         self.format_bonus = float(setting("format_bonus", 0.0))
         check_format_bonus(self.format_bonus)
         self.shaping = Shaping(
-            progress=float(setting("progress_reward", 0.0)), bump_cost=float(setting("bump_cost", 0.0))
+            progress_reward=float(setting("progress_reward", 0.0)), bump_cost=float(setting("bump_cost", 0.0))
         )
         self.distances: np.ndarray | None = None
         self.env = MazeEnv(

@@ -104,7 +104,7 @@ def test_both_runners_pay_the_same_reward(processor, eval_set):
     # given episodes of the local runner with one unreadable reply each, a format bonus and shaping
     layouts = eval_set.layouts[:6]
     engine = _GarbleFirstTurn(processor, cell_px=eval_set.cell_px)
-    shaping = Shaping(progress=0.5, bump_cost=0.25)
+    shaping = Shaping(progress_reward=0.5, bump_cost=0.25)
     episodes = run_episodes(
         engine, processor, layouts, GREEDY, max_moves=eval_set.max_moves, format_bonus=0.3, shaping=shaping
     )

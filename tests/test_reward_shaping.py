@@ -37,14 +37,14 @@ def test_target_distances_count_moves_along_the_maze():
         (4, 5, False, -0.5),  # a step away: -progress
         (4, 4, False, -0.25),  # a wall bump or an unreadable reply: -bump_cost
         (0, 0, True, 0.5),  # a stop on the target: the solver's action, +progress
-        (3, 3, True, -0.5),  # a stop anywhere else: -progress
+        (3, 3, True, -0.5),  # a stop anywhere else: -progress_reward
     ],
 )
 def test_turn_shaping_table(before, after, ended, expected):
-    assert turn_shaping(Shaping(progress=0.5, bump_cost=0.25), before, after, ended) == expected
+    assert turn_shaping(Shaping(progress_reward=0.5, bump_cost=0.25), before, after, ended) == expected
 
 
-@pytest.mark.parametrize("bad", [{"progress": -0.1}, {"bump_cost": float("nan")}, {"progress": "1"}])
+@pytest.mark.parametrize("bad", [{"progress_reward": -0.1}, {"bump_cost": float("nan")}, {"progress_reward": "1"}])
 def test_bad_shaping_terms_are_refused(bad):
     with pytest.raises(ValueError, match="finite number >= 0"):
         Shaping(**bad)
@@ -66,7 +66,7 @@ def test_the_runner_records_each_turns_shaping_and_never_pays_it(starter_model_d
     processor = load_processor(starter_model_dir)
     moves = [1, 3, 1, 0, 0, 3, 3, 4]
     engine = _Scripted(processor, [action_text(m) for m in moves])
-    shaping = Shaping(progress=0.5, bump_cost=0.25)
+    shaping = Shaping(progress_reward=0.5, bump_cost=0.25)
     settings = GenerationSettings(greedy=True, max_new_tokens=16)
     # When the runner plays it with shaping,
     (episode,) = run_episodes(engine, processor, [LAYOUT], settings, cell_px=8, history_text=0, shaping=shaping)
