@@ -10,7 +10,7 @@ from prefect import flow
 
 from mazerl.params import EvalParams
 from tasks.attempts import close_killed_attempts
-from tasks.evaluation import eval_only, eval_settings
+from tasks.evaluation import eval_only
 from tasks.setup import prepare_eval
 
 
@@ -23,5 +23,4 @@ from tasks.setup import prepare_eval
 def evaluate_model(params: EvalParams) -> dict[str, float]:
     """Greedy eval of one model; results in an MLflow run of its own and as Prefect artifacts."""
     run, model_dir = prepare_eval(params)
-    settings = eval_settings(params, run.eval_set, run.train_config)
-    return eval_only(run, model_dir, settings)
+    return eval_only(run, model_dir, run.eval_settings)

@@ -15,7 +15,7 @@ from mazerl.params import PipelineParams
 from mazerl.reporting.promotion import PipelineSummary
 from tasks.attempts import close_killed_attempts, end_mlflow_runs
 from tasks.cluster import verify_cluster
-from tasks.evaluation import baseline_eval, eval_settings, final_eval
+from tasks.evaluation import baseline_eval, final_eval
 from tasks.merge import merge_lora
 from tasks.promote import promote
 from tasks.setup import prepare
@@ -34,9 +34,16 @@ def pipeline(params: PipelineParams = PipelineParams()) -> PipelineSummary:  # n
     """Teach the policy to solve mazes with multi-turn GRPO and promote it if it beats its baseline."""
     run = prepare(params)
     verify_cluster(run, params)
-    settings = eval_settings(params, run.eval_set, run.train_config)
-    baseline = baseline_eval(run, settings)
+    baseline = baseline_eval(run, run.eval_settings)
     trained = train.with_options(retries=params.train_retries)(run, params, baseline)
-    merged = merge_lora(run, trained, params)
-    final = final_eval(run, merged.path, settings, merged.model_id)
-    return promote(run, params, baseline, final, merged, trained)
+    merged = merge_lora(run, trained, params.max_artifact_mb)
+    final = final_eval(run, merged.path, run.eval_settings, merged.model_id)
+    return promote(
+        run,
+        baseline,
+        final,
+        merged,
+        trained,
+        registered_model=params.registered_model,
+        threshold=params.promotion_threshold,
+    )

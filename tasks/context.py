@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mazerl.cluster.client import ray_headers  # noqa: F401 (tests/test_bad_inputs.py imports it from here)
 from mazerl.cluster.ray_local import ensure_local_head
+from mazerl.evaluation.settings import EvalSettings
 from mazerl.run_clock import RunClock
 from mazerl.tracking import lineage
 from mazerl.training.config import TrainConfig
@@ -34,6 +35,8 @@ class RunContext:
     # the training config prepare resolved, the one every stage uses (None: the eval-only flow); the
     # train stage writes it into the run directory for its job
     train_config: TrainConfig | None = None
+    # how both evals play (resolved once by prepare: the baseline, the final eval and the stage clock's keys use it)
+    eval_settings: EvalSettings | None = None
     # what a gracefully stopped flow process does with its stage's Ray job (PipelineParams.ray_jobs_on_stop)
     jobs_on_stop: str = "auto"
     started_at: float = 0.0  # when the run's first stage started (epoch seconds), for the stage lines' elapsed time

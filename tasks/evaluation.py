@@ -31,8 +31,9 @@ from tasks.stages import timed_stage
 
 def eval_settings(params: PipelineParams | EvalParams, eval_set: str, trained: TrainConfig | None) -> EvalSettings:
     """The eval settings a pipeline or eval-only run's parameters ask for, on ``eval_set``, in the
-    context mode of the training ``trained`` (None: the model's recorded mode). Built once per run:
-    ``prepare`` keys the run clock on them, the flow passes them to both evals."""
+    context mode of the training ``trained`` (None: the model's recorded mode). Built once per run,
+    by ``prepare`` (or ``prepare_eval``), into ``RunContext.eval_settings``: the run clock's keys and
+    both evals read them there."""
     return EvalSettings(
         eval_set=eval_set,
         eval_workers=params.eval_workers,

@@ -20,7 +20,6 @@ from mazerl.cluster.client import cluster_nodes
 from mazerl.cluster.errors import RetryableJobError
 from mazerl.merge.memory import merge_cpus, merge_memory, weights_bytes
 from mazerl.merge.output import MergeReport
-from mazerl.params import PipelineParams
 from mazerl.tracking.lineage import stage_run
 from mazerl.tracking.mlflow_model import log_merged_model
 from tasks.context import RunContext, ray_headers
@@ -46,8 +45,9 @@ class MergedModel:
     retry_condition_fn=retry_on_infrastructure,
     persist_result=True,
 )
-def merge_lora(run: RunContext, trained: TrainOutcome, params: PipelineParams) -> MergedModel:
-    """Run the merge job on a node with the memory it needs; upload the merged model to MLflow."""
+def merge_lora(run: RunContext, trained: TrainOutcome, max_artifact_mb: int) -> MergedModel:
+    """Run the merge job on a node with the memory it needs; upload the merged model to MLflow
+    (as files up to ``max_artifact_mb``; a larger model is registered by its path)."""
     logger = get_run_logger()
     run_id = run.stage_run_id("merge_lora")
     out_dir = run.run_dir / "merged"
@@ -66,7 +66,7 @@ def merge_lora(run: RunContext, trained: TrainOutcome, params: PipelineParams) -
             "out_dir": str(out_dir),
             "probe_eval_set": run.eval_set,
             "mlflow_model_dir": str(run.run_dir / "mlflow_model"),
-            "max_artifact_mb": params.max_artifact_mb,
+            "max_artifact_mb": max_artifact_mb,
             "cpus": cpus,
         },
     )

@@ -6,7 +6,6 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from mazerl.evaluation.evaluate import EvalReport
-from mazerl.params import PipelineParams
 from mazerl.reporting.promotion import (
     PipelineRun,
     PipelineSummary,
@@ -25,11 +24,13 @@ from tasks.training import TrainOutcome
 @task(name="promote", retries=1, retry_delay_seconds=5)
 def promote(
     run: RunContext,
-    params: PipelineParams,
     baseline: EvalReport,
     final: EvalReport,
     merged: MergedModel,
     trained: TrainOutcome,
+    *,
+    registered_model: str,
+    threshold: float,
 ) -> PipelineSummary:
     """Register and maybe promote; then the curve, the headline metrics and the summary on the parent run."""
     # the parent's duration ends here too
@@ -42,13 +43,13 @@ def promote(
                 pipeline_run_id=run.pipeline_run_id,
                 train_run_id=run.stage_run_id("train"),
                 merge_run_id=run.stage_run_id("merge_lora"),
-                cluster_is_embedded=params.ray_address is None,
+                cluster_is_embedded=run.ray_address is None,
                 baseline_run_id=run.stage_run_id("baseline_eval"),
                 final_run_id=run.stage_run_id("final_eval"),
             ),
-            registered_model=params.registered_model,
+            registered_model=registered_model,
             merged_source=merged.source,
-            threshold=params.promotion_threshold,
+            threshold=threshold,
             baseline=baseline,
             final=final,
             metrics_jsonl=trained.metrics_jsonl if trained.metrics_jsonl.is_file() else None,

@@ -58,8 +58,9 @@ def prepare(params: PipelineParams) -> RunContext:
     paths.make_data_root(root)
     if params.base_model is None:
         ensure_starter(root, log=logger.info)
+    settings = eval_settings(params, params.resolved_eval_set(), config)
     keys = work_keys(
-        eval_settings=asdict(eval_settings(params, params.resolved_eval_set(), config)),
+        eval_settings=asdict(settings),
         training=config.model_dump(mode="json"),
         base_model=base_model,
     )
@@ -90,6 +91,7 @@ def prepare(params: PipelineParams) -> RunContext:
         stage_run_ids={},  # each stage opens (or, on a retry, finds) its own run when it starts
         pipeline_run_id=runs.parent_run_id,
         train_config=config,
+        eval_settings=settings,
         jobs_on_stop=params.ray_jobs_on_stop,
         started_at=started,
         stage_keys=keys,
@@ -156,5 +158,6 @@ def prepare_eval(params: EvalParams) -> tuple[RunContext, Path]:
         eval_set=params.eval_set,
         stage_run_ids={"final_eval": mlflow_run},  # the eval logs into the run itself: there is no parent
         pipeline_run_id=mlflow_run,
+        eval_settings=eval_settings(params, params.eval_set, None),
     )
     return context, model_dir

@@ -70,7 +70,7 @@ class TrainOutcome:
 
 @task(
     name="train",
-    retries=3,
+    retries=PipelineParams.model_fields["train_retries"].default,  # the flow sets params.train_retries
     retry_delay_seconds=RETRY_DELAYS_S,
     retry_condition_fn=retry_on_infrastructure,
     persist_result=True,
