@@ -32,52 +32,31 @@ MINIATURE_TRAINING: dict[str, Any] = {
     "grpo": {"samples_per_maze": 2, "max_new_tokens": 8, "temperature": 0.7, "format_bonus": 1.0},
 }
 
-# The embedded learning recipe (docs/performance.md has its measured curve).
+# The embedded learning recipe. Each value's why in one line; the measurements behind them are in
+# docs/training.md's recipe table, which links each into docs/performance.md.
 EMBEDDED_TRAINING: dict[str, Any] = {
     "history_images": 1,
     "history_text": "feedback",  # as maze-starter-v4 was warm-started
-    # 300 steps with the rate decayed to 0 (cosine): at a constant 1e-3 the greedy curves from
-    # maze-starter-v4 swung by 5-10 points between evals and one fresh-clone run fell to 28.9% at
-    # step 50; the decay lets the last checkpoint, the run's model, settle. 100 steps ended at
-    # 57.0-64.8% over 3 seeds, 200 at 66.4-67.6%, 300 at 68.4-71.5% (docs/performance.md, learning
-    # search, 2026-12-02/03; 67.6-70.3% with the stop token out of the loss, on a Xeon); 300 steps
-    # and 6 evals took 14-16 minutes on a 2-core Xeon with the vision tower frozen, 17-20 minutes
-    # on a 2-core AMD EPYC with it trained (below), 17-19 minutes on a quiet 2-core Xeon with the
-    # per-move credit too (2026-12-05).
-    "steps": 300,
+    "steps": 300,  # the greedy curve still rose from 200 to 300 steps
     "mazes_per_step": 16,
     "train_pool_size": 512,
     "learning_rate": 1e-3,
-    "lr_schedule": "cosine",
+    "lr_schedule": "cosine",  # decays to 0: the last checkpoint, the model, settles instead of swinging
     "checkpoint_interval": 50,
     "checkpoints_kept": 2,
-    "eval_interval": 50,  # 6 evals of ~17 s: the curve, at a tenth of the run's time
-    "eval_mazes": None,  # all 256: the periodic evals are on the same set as the baseline
-    # both cores: the trainer is the only heavy process while it runs; a step of 128 episodes
-    # takes 3.2 s instead of 4.6 s on a 2-core Xeon (2026-12-03; the same numbers to 1e-6)
-    "torch_threads": 2,
-    # LoRA on the vision tower too: most failures left with it frozen were one wall misread and
-    # bumped into to the end of the budget; adapters on the tower's blocks and mergers took seeds
-    # 0/1/2 to 70.7/72.7/69.9% (mean 71.1%) against 69.9/67.6/70.3% frozen, the steps ~15% slower
-    # (no vision cache; docs/performance.md, 2026-12-04). The SkyRL backend refuses it.
-    "freeze_vision": False,
-    # the stop token out of the loss: with it in, a fresh-clone run on a 2-core Xeon stopped ending
-    # its replies at step 85 (2 tokens per reply -> 12, the budget), and steps took 2-3x longer
+    "eval_interval": 50,  # six greedy evals of ~17 s: the curve, at a tenth of the run's time
+    "eval_mazes": None,  # all 256: the curve on the same set as the baseline and the final eval
+    "torch_threads": 2,  # the trainer is the only heavy process while it runs
+    "freeze_vision": False,  # frozen, most failures were a wall misread (the SkyRL backend refuses it)
     "grpo": {
         "samples_per_maze": 8,
-        "update_epochs": 1,
+        "update_epochs": 1,  # one plain policy-gradient step per batch
         "temperature": 0.7,
         "max_new_tokens": 12,
-        "stop_token_loss": False,
-        # Each turn's own credit for the way it went (training only, never success): +0.3 for the
-        # solver's move, -0.3 for any other move, -0.1 for a bump. Most failures left by the outcome
-        # alone began with a wrong open branch at the start or at a junction (the outcome shares one
-        # advantage over 8-15 turns); with this shaping seeds 0/1/2 ended at 73.8/73.0/72.7% against
-        # 70.7/72.7/69.9% without, the curves without the mid-run dip, each step 35-50% dearer (every
-        # turn carries an advantage; docs/performance.md, 2026-12-05).
-        "credit": "turn",
-        "progress_reward": 0.3,
-        "bump_cost": 0.1,
+        "stop_token_loss": False,  # in the loss, an outcome-only update taught replies not to end
+        "credit": "turn",  # each move its own credit: a wrong branch is blamed on the reply that took it
+        "progress_reward": 0.3,  # +0.3 for the solver's move, -0.3 for another (training only)
+        "bump_cost": 0.1,  # -0.1 for a reply that left the agent where it was
     },
 }
 
