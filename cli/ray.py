@@ -13,6 +13,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mazerl.cluster.head_dir import UnsafeTempDirError, default_temp_dir
+from mazerl.cluster.ray_local import LocalRayError, find_local_head, lease_holders, stop_idle_head
+
 EXIT_OK, EXIT_IN_USE, EXIT_BAD_INPUT = 0, 1, 2
 
 
@@ -27,9 +30,6 @@ def add_ray_command(subparsers: argparse._SubParsersAction) -> None:
 
 
 def status_command(args: argparse.Namespace) -> int:
-    from mazerl.cluster.head_dir import UnsafeTempDirError, default_temp_dir
-    from mazerl.cluster.ray_local import find_local_head, lease_holders
-
     try:
         head = find_local_head()
     except UnsafeTempDirError as exc:
@@ -47,9 +47,6 @@ def status_command(args: argparse.Namespace) -> int:
 
 
 def stop_command(args: argparse.Namespace) -> int:
-    from mazerl.cluster.head_dir import UnsafeTempDirError, default_temp_dir
-    from mazerl.cluster.ray_local import LocalRayError, stop_idle_head
-
     try:
         head = stop_idle_head(force=args.force)
     except UnsafeTempDirError as exc:

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 from mazerl.atomic import write_json
 from mazerl.cluster.client import ray_headers
+from mazerl.cluster.job_spec import module_entrypoint
+from mazerl.cluster.submitter import RayJob
 from mazerl.eval_files import SUMMARY_FILE
 from mazerl.evaluation.settings import EvalSettings, eval_request
 
@@ -50,9 +52,7 @@ def evaluate_as_job(
     Raises :class:`~mazerl.cluster.errors.ConfigError` where the job refused its request (exit
     code 2) and :class:`~mazerl.cluster.errors.RetryableJobError` where the job or the cluster failed.
     """
-    from mazerl.cluster.job_spec import module_entrypoint  # import these only once the flags are good
-    from mazerl.cluster.submitter import RayJob
-    from mazerl.evaluation.evaluate import EvalReport
+    from mazerl.evaluation.evaluate import EvalReport  # lazy: the eval module imports torch (seconds)
 
     request = eval_request(model_dir, settings, out_dir, adapter)
     out_dir = Path(request["out_dir"])

@@ -49,6 +49,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from mazerl.cluster.metrics import TrainingMetrics
 from mazerl.input_files import read_config_file
 from mazerl.training import checkpoints
 from mazerl.training.config import TrainConfig, load_config
@@ -92,7 +93,7 @@ def task_runtime_env(tracking_uri: str, run_id: str | None, ship_code: bool) -> 
         env_vars["MLFLOW_RUN_ID"] = run_id
     runtime_env: dict[str, Any] = {"env_vars": env_vars}
     if ship_code:
-        import envs
+        import envs  # the packages' own directories: what the job ships
         import mazerl
 
         runtime_env["py_modules"] = [str(Path(envs.__file__).parent), str(Path(mazerl.__file__).parent)]
@@ -115,8 +116,6 @@ def wire_tracker(tracker: Any, cfg: Any, sink: Any | None = None) -> Any:
     adapter: exactly once per step (a step SkyRL trains again after a resume keeps its first row)
     and surviving an MLflow outage (rows wait and are sent later) instead of failing the job. Other
     payloads (SkyRL's flush of a failed step) go to SkyRL's own logger, best effort."""
-    from mazerl.cluster.metrics import TrainingMetrics
-
     send, finish = tracker.log, tracker.finish
 
     def record(data: dict, step: int, commit: bool = False) -> None:
@@ -168,7 +167,7 @@ def _experiment_class(metrics_path: Path | None = None) -> type:
         def get_tracker(self):  # noqa: ANN202 (SkyRL's Tracking)
             import mlflow
 
-            from mazerl.tracking.metrics import MetricsLogger
+            from mazerl.tracking.metrics import MetricsLogger  # lazy: MLflow (seconds)
 
             tracker = super().get_tracker()  # its MLflow adapter has made (or found) the active run
             active = mlflow.active_run()
@@ -186,7 +185,7 @@ def train_in_ray_task(cfg: Any, tracking_uri: str, run_id: str | None, metrics_p
     """Body of the Ray task: register maze2d here (SkyRL builds envs by id in this process), then train."""
     import mlflow
 
-    from envs.skyrl_env import register_maze_env
+    from envs.skyrl_env import register_maze_env  # lazy: skyrl-gym, installed only in the cluster image
 
     register_maze_env()
     mlflow.set_tracking_uri(tracking_uri)
