@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         from prefect.server.api.server import SubprocessASGIServer
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
-        from mazerl.cluster.ray_local import start_local_head
+        from mazerl.cluster.head.local import start_local_head
         from mazerl.starter.build import ensure_starter
 
         model = Path(args.model).resolve() if args.model else ensure_starter()

@@ -57,8 +57,8 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float, float, str]:
 
 def eval_series(model: Path) -> list[tuple[int, float, float]]:
     """(mazes, rollout seconds, wall seconds) for each maze count."""
-    from mazerl.cluster.ray_driver import ray_driver
-    from mazerl.cluster.ray_local import local_ray_head
+    from mazerl.cluster.head.driver import ray_driver
+    from mazerl.cluster.head.local import local_ray_head
     from mazerl.evaluation.evaluate import evaluate
     from mazerl.evaluation.settings import EvalSettings
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from envs.evalset import DEFAULT_EVAL_SET, SPECS, EvalSetError, load
 from mazerl import paths
 from mazerl.cluster.errors import ConfigError
-from mazerl.cluster.head_dir import check_temp_dir
+from mazerl.cluster.head.temp_dir import check_temp_dir
 from mazerl.evaluation.on_cluster import evaluate_as_job, is_job_server_address
 from mazerl.evaluation.settings import EvalSettings, check_max_eval_mazes
 from mazerl.preflight.data_root import check_data_root, check_root_env

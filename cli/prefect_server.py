@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from mazerl.cluster.loopback import LOOPBACK, free_ports
+from mazerl.cluster.head.loopback import LOOPBACK, free_ports
 
 OWNER_ENV = "MAZERL_PREFECT_OWNER"
 SERVER_APP = "prefect.server.api.server:create_app"  # in the command line of the temporary server

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mazerl.cluster.head_dir import UnsafeTempDirError, default_temp_dir
-from mazerl.cluster.ray_local import LocalRayError, find_local_head, lease_holders, stop_idle_head
+from mazerl.cluster.head.local import LocalRayError, find_local_head, lease_holders, stop_idle_head
+from mazerl.cluster.head.temp_dir import UnsafeTempDirError, default_temp_dir
 
 EXIT_OK, EXIT_IN_USE, EXIT_BAD_INPUT = 0, 1, 2
 

@@ -40,9 +40,9 @@ from cli import prefect_server, resume
 from cli.prefect_env import check_prefect_env
 from mazerl import paths
 from mazerl.cluster.client import ray_headers
-from mazerl.cluster.head_dir import check_temp_dir
-from mazerl.cluster.pipeline_jobs import stop_pipeline_jobs
-from mazerl.cluster.ray_local import find_local_head, local_ray_head
+from mazerl.cluster.head.local import find_local_head, local_ray_head
+from mazerl.cluster.head.temp_dir import check_temp_dir
+from mazerl.cluster.jobs.pipeline_jobs import stop_pipeline_jobs
 from mazerl.input_files import InputFileError, parse_json, read_input_text
 from mazerl.params import PRESETS, PipelineParams
 from mazerl.preflight.pipeline import check_pipeline_inputs

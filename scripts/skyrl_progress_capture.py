@@ -127,7 +127,7 @@ def job(args: argparse.Namespace) -> None:
 def capture(args: argparse.Namespace) -> None:
     from ray.job_submission import JobSubmissionClient
 
-    from mazerl.cluster.ray_local import start_local_head
+    from mazerl.cluster.head.local import start_local_head
     from mazerl.training.config import TrainConfig
 
     with tempfile.TemporaryDirectory(prefix="mzcap", dir="/tmp") as tmp:

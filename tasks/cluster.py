@@ -5,11 +5,11 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
+from mazerl.cluster.checks.fixes import CLUSTER_FIXES
+from mazerl.cluster.checks.gpu_smoke import smoke_for
+from mazerl.cluster.checks.run_requirements import requirements_for
+from mazerl.cluster.checks.verify import verify_cluster as check_readiness
 from mazerl.cluster.client import ray_headers
-from mazerl.cluster.fixes import CLUSTER_FIXES
-from mazerl.cluster.gpu_smoke import smoke_for
-from mazerl.cluster.run_requirements import requirements_for
-from mazerl.cluster.verify import verify_cluster as check_readiness
 from mazerl.merge.memory import merge_memory
 from mazerl.params import PipelineParams
 from mazerl.tracking.lineage import stage_run

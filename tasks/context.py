@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mazerl.cluster.client import ray_headers  # noqa: F401 (tests/test_bad_inputs.py imports it from here)
-from mazerl.cluster.ray_local import ensure_local_head
+from mazerl.cluster.head.local import ensure_local_head
 from mazerl.evaluation.settings import EvalSettings
 from mazerl.run_clock import RunClock
 from mazerl.tracking import lineage

@@ -14,10 +14,10 @@ from prefect.runtime import deployment, flow_run, task_run
 from mazerl import atomic
 from mazerl.cluster.client import ray_headers
 from mazerl.cluster.errors import RetryableJobError
-from mazerl.cluster.hang_watchdog import JobProgress
-from mazerl.cluster.job_outcome import JobOutcome
-from mazerl.cluster.job_spec import module_entrypoint
-from mazerl.cluster.submitter import RayJob
+from mazerl.cluster.jobs.hang_watchdog import JobProgress
+from mazerl.cluster.jobs.outcome import JobOutcome
+from mazerl.cluster.jobs.spec import module_entrypoint
+from mazerl.cluster.jobs.submitter import RayJob
 from tasks.context import RunContext
 
 # A job's output is a log, not a terminal: Hugging Face's progress bars ("Loading weights",
@@ -47,7 +47,7 @@ def run_stage_job(
 
     ``rewrite`` turns a job line into the line logged (e.g. the train stage adds the total time
     left to each step line); ``on_line`` sees the job's own line. ``job_options``: the rest of
-    :class:`~mazerl.cluster.submitter.RayJob`'s options, e.g. ``entrypoint_memory`` to start the
+    :class:`~mazerl.cluster.jobs.submitter.RayJob`'s options, e.g. ``entrypoint_memory`` to start the
     job on a node with that much memory.
     """
     logger = get_run_logger()

@@ -14,7 +14,7 @@ from prefect.runtime import deployment, flow_run
 
 from envs.evalset import load as load_eval_set
 from mazerl import paths
-from mazerl.cluster.ray_local import ensure_local_head
+from mazerl.cluster.head.local import ensure_local_head
 from mazerl.fingerprint import model_fingerprint
 from mazerl.params import EvalParams, PipelineParams
 from mazerl.paths import run_id_for

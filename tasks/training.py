@@ -19,11 +19,11 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.runtime import flow_run
 
-from mazerl.cluster import capacity
-from mazerl.cluster.capacity import ResourceNeed, wait_for_resources
+from mazerl.cluster.checks.run_requirements import inference_start_timeout_s
 from mazerl.cluster.errors import ResourcesUnavailableError
-from mazerl.cluster.job_spec import META_IDENTITY_PREFIX
-from mazerl.cluster.run_requirements import inference_start_timeout_s
+from mazerl.cluster.jobs import capacity
+from mazerl.cluster.jobs.capacity import ResourceNeed, wait_for_resources
+from mazerl.cluster.jobs.spec import META_IDENTITY_PREFIX
 from mazerl.evaluation.evaluate import EvalReport
 from mazerl.merge.memory import weights_bytes
 from mazerl.params import PipelineParams

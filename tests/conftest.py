@@ -74,7 +74,7 @@ def mlflow_root(tmp_path, _mlflow_template_db):
 
 @pytest.fixture(scope="session")
 def local_ray_head():
-    """One real local Ray head for the whole session (``mazerl.cluster.ray_local``): about 10 s
+    """One real local Ray head for the whole session (``mazerl.cluster.head.local``): about 10 s
     to start on 2 cores, stopped (all its processes) when the session ends.
 
     Dashboard and job server on 127.0.0.1 (a free port), every Ray process bound to loopback,
@@ -85,7 +85,7 @@ def local_ray_head():
         with RayJob(local_ray_head.address, entrypoint, ..., headers=local_ray_head.auth_headers()) as job:
             job.wait()
 
-    Jobs run this checkout's code when given ``runtime_env=mazerl.cluster.job_spec.local_runtime_env()``
+    Jobs run this checkout's code when given ``runtime_env=mazerl.cluster.jobs.spec.local_runtime_env()``
     (the submitter's ``runtime_env="auto"`` does that for 127.0.0.1). A subprocess that wants
     to be a Ray driver on it needs ``local_ray_head.client_env()`` in its environment. Do not
     stop it in a test; start your own head (``start_local_head``) for destructive tests.
@@ -93,7 +93,7 @@ def local_ray_head():
     import shutil
     import tempfile
 
-    from mazerl.cluster.ray_local import start_local_head
+    from mazerl.cluster.head.local import start_local_head
 
     temp = tempfile.mkdtemp(prefix="mzr-t", dir="/tmp" if os.path.isdir("/tmp") else None)
     head = start_local_head(

@@ -1,7 +1,7 @@
 """Stand-ins for CUDA and vLLM in the GPU smoke row (``GpuSmoke(checks_module="tests.gpu_smoke_standins")``).
 
 The rehearsal cluster declares GPUs that do not exist, so the real checks
-(:func:`mazerl.cluster.gpu_smoke.run_checks`) would find no CUDA device. This module answers
+(:func:`mazerl.cluster.checks.gpu_smoke.run_checks`) would find no CUDA device. This module answers
 in their place, on the GPU worker Ray placed it on, as an ml.g7e GPU (Blackwell, sm_120) would
 with the image's wheels: every check passes, except those named in ``options["fail"]``, which
 fail with the error a wheel without the architecture (or vLLM refusing the adapter) gives.

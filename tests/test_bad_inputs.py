@@ -206,9 +206,9 @@ def pipeline_gate(values: dict) -> Exception:
 
 def cluster_gate(values: dict, hyperpod_client=None) -> Exception:
     """``verify_cluster`` with the requirements and fixes the pipeline's first stage uses."""
-    from mazerl.cluster.fixes import CLUSTER_FIXES
-    from mazerl.cluster.run_requirements import requirements_for
-    from mazerl.cluster.verify import verify_cluster
+    from mazerl.cluster.checks.fixes import CLUSTER_FIXES
+    from mazerl.cluster.checks.run_requirements import requirements_for
+    from mazerl.cluster.checks.verify import verify_cluster
     from tasks.context import ray_headers
 
     params = PipelineParams.model_validate(values)
@@ -1808,7 +1808,7 @@ def expensive_work(monkeypatch):
     from transformers import PreTrainedModel
 
     import tasks.setup
-    from mazerl.cluster.submitter import RayJob
+    from mazerl.cluster.jobs.submitter import RayJob
     from mazerl.training.local_trainer import LocalGRPOTrainer
 
     attempted: list[str] = []

@@ -1,4 +1,4 @@
-"""The wait for resources before a retry (mazerl.cluster.capacity): its pace, its bound, its messages.
+"""The wait for resources before a retry (mazerl.cluster.jobs.capacity): its pace, its bound, its messages.
 
 The wait itself runs on the cluster as a Ray job. Its loop runs here on a stand-in clock and a
 stand-in placement group, so minutes of waiting take no time; the real job runs on the session's
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from mazerl.cluster.capacity import ResourceNeed, shortfall, wait_until_placed
 from mazerl.cluster.errors import ConfigError
+from mazerl.cluster.jobs.capacity import ResourceNeed, shortfall, wait_until_placed
 
 SKYRL_HYPERPOD = ResourceNeed(tuple({"GPU": 1.0, "CPU": 1.0} for _ in range(6)), "PACK", what="the train job")
 
@@ -112,8 +112,8 @@ def test_the_train_job_needs_skyrls_placement_group_or_the_local_jobs_gpu(tmp_pa
 
 @pytest.mark.image_stack  # the wait is a Ray job: Ray's job client, on the Ray the image ships too
 def test_the_wait_job_on_a_real_head_gives_up_naming_the_missing_gpu_and_passes_what_it_has(local_ray_head):
-    from mazerl.cluster.capacity import wait_for_resources
     from mazerl.cluster.errors import ResourcesUnavailableError
+    from mazerl.cluster.jobs.capacity import wait_for_resources
 
     lines: list[str] = []
     common = {"pipeline_run_id": f"cap{time.time_ns()}", "attempt": 2, "headers": local_ray_head.auth_headers()}

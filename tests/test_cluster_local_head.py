@@ -20,9 +20,15 @@ import pytest
 
 from mazerl.cluster.client import job_client
 from mazerl.cluster.errors import RetryableJobError
-from mazerl.cluster.head_dir import REGISTRY_NAME
-from mazerl.cluster.ray_local import LocalRayError, ensure_local_head, find_local_head, local_ray_head, start_local_head
-from mazerl.cluster.submitter import RayJob
+from mazerl.cluster.head.local import (
+    LocalRayError,
+    ensure_local_head,
+    find_local_head,
+    local_ray_head,
+    start_local_head,
+)
+from mazerl.cluster.head.temp_dir import REGISTRY_NAME
+from mazerl.cluster.jobs.submitter import RayJob
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
 
@@ -152,7 +158,7 @@ def short_temp(prefix: str) -> Path:
 
 
 def test_a_head_temp_dir_that_others_own_or_can_write_is_refused():
-    from mazerl.cluster.head_dir import UnsafeTempDirError, check_temp_dir
+    from mazerl.cluster.head.temp_dir import UnsafeTempDirError, check_temp_dir
 
     opened, foreign = short_temp("mzr-o"), short_temp("mzr-f")
     try:
@@ -195,7 +201,7 @@ def test_the_head_temp_dir_stays_private_while_jobs_run(local_ray_head, tmp_path
 LEASE_HOLDER = """
 import sys, time
 from pathlib import Path
-from mazerl.cluster.ray_local import local_ray_head
+from mazerl.cluster.head.local import local_ray_head
 
 temp, may_end = sys.argv[1], Path(sys.argv[2])
 with local_ray_head(temp, num_cpus=1, object_store_mb=80, dashboard_port=0) as head:

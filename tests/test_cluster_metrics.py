@@ -9,9 +9,9 @@ import time
 import urllib.request
 import uuid
 
-from mazerl.cluster.job_spec import project_root
+from mazerl.cluster.jobs.spec import project_root
+from mazerl.cluster.jobs.submitter import RayJob
 from mazerl.cluster.metrics import GAUGES, PROMETHEUS_NAMES
-from mazerl.cluster.submitter import RayJob
 
 
 def test_recording_outside_ray_is_a_no_op():

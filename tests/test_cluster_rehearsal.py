@@ -44,9 +44,9 @@ from mlflow.tracking import MlflowClient
 from test_cluster_verify import fake_model_dir
 from test_fault_injection import training_processes, wait_for  # the trainer-process helpers, one home
 
-from mazerl.cluster.head_env import head_env
-from mazerl.cluster.loopback import free_ports
-from mazerl.cluster.ray_local import LocalRayHead, start_local_head
+from mazerl.cluster.head.env import head_env
+from mazerl.cluster.head.local import LocalRayHead, start_local_head
+from mazerl.cluster.head.loopback import free_ports
 from mazerl.params import PipelineParams
 from mazerl.training import checkpoints
 from mazerl.training.recipes import MINIATURE_TRAINING
@@ -90,7 +90,7 @@ def manifest_groups() -> tuple[dict, dict]:
 
 
 class RehearsalCluster:
-    """A head (``mazerl.cluster.ray_local``) plus worker nodes started with ``ray start --address``."""
+    """A head (``mazerl.cluster.head.local``) plus worker nodes started with ``ray start --address``."""
 
     def __init__(self, temp: Path):
         self.temp = temp
@@ -275,11 +275,11 @@ def hyperpod_params() -> PipelineParams:
 def test_rehearsal_no_gpu_verify_cluster_counts_gpus_checks_storage_and_smokes_each_worker(cluster, tmp_path):
     """Stand-ins for CUDA and vLLM (no GPU here): verify_cluster counts GPUs per node, checks the shared
     storage from every node and smokes each GPU worker."""
-    from mazerl.cluster.fixes import CLUSTER_FIXES
-    from mazerl.cluster.gpu_smoke import CHECKS, GpuSmoke
-    from mazerl.cluster.report import ClusterNotReadyError
-    from mazerl.cluster.run_requirements import requirements_for
-    from mazerl.cluster.verify import verify_cluster
+    from mazerl.cluster.checks.fixes import CLUSTER_FIXES
+    from mazerl.cluster.checks.gpu_smoke import CHECKS, GpuSmoke
+    from mazerl.cluster.checks.report import ClusterNotReadyError
+    from mazerl.cluster.checks.run_requirements import requirements_for
+    from mazerl.cluster.checks.verify import verify_cluster
     from mazerl.merge.memory import merge_memory
 
     # given the hyperpod deployment's training placement (3 nodes x 2 GPUs) and its eval (6 vLLM workers),
@@ -360,7 +360,7 @@ PLACEMENT_SCRIPT = textwrap.dedent(
 def test_rehearsal_no_gpu_skyrls_placement_group_for_the_hyperpod_config_puts_two_gpus_on_each_worker(
     cluster, tmp_path
 ):
-    from mazerl.cluster.submitter import RayJob
+    from mazerl.cluster.jobs.submitter import RayJob
     from mazerl.training.skyrl_backend import placement_bundles
 
     # given the placement group SkyRL reserves for the hyperpod config (6 x {GPU: 1, CPU: 1}, PACK),
@@ -388,7 +388,7 @@ def test_rehearsal_no_gpu_skyrls_placement_group_for_the_hyperpod_config_puts_tw
 
 
 def test_rehearsal_no_gpu_a_job_asking_for_more_memory_than_the_head_has_starts_on_a_worker_that_has_it(cluster):
-    from mazerl.cluster.submitter import RayJob
+    from mazerl.cluster.jobs.submitter import RayJob
 
     # given the manifest's memory (head 420 GiB, GPU workers 440 GiB), when a job asks for 430 GiB
     # (as the merge job asks for a whole model copy's memory),
@@ -479,7 +479,7 @@ def test_rehearsal_no_gpu_a_new_flow_run_reattaches_to_the_same_training_and_ref
     from prefect import flow
 
     from mazerl.cluster.errors import JobConflictError
-    from mazerl.cluster.submitter import RayJob
+    from mazerl.cluster.jobs.submitter import RayJob
     from mazerl.training.progress import TrainingProgress
     from tasks.training import train
 
@@ -601,7 +601,7 @@ def test_rehearsal_no_gpu_a_lost_gpu_node_is_waited_for_and_training_resumes_on_
     from rehearsal_skyrl_entry import TRAINING_ON
 
     import tasks.training
-    from mazerl.cluster import capacity
+    from mazerl.cluster.jobs import capacity
     from tasks.training import train
 
     # Given the train stage of a SkyRL run of the hyperpod shape, whose job reserves SkyRL's placement
@@ -773,7 +773,7 @@ def test_rehearsal_no_gpu_hf_for_vllm_pipeline_survives_a_gpu_worker_killed_whil
     # and for the CPUs of the roomiest such node, at most 16 (the head's 52 here), which became its torch threads.
     from ray.job_submission import JobSubmissionClient
 
-    from mazerl.cluster.job_spec import META_CPUS
+    from mazerl.cluster.jobs.spec import META_CPUS
     from mazerl.merge.memory import MAX_MERGE_CPUS
 
     assert float(merge.metadata[META_CPUS]) == MAX_MERGE_CPUS

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from mazerl.cluster.errors import ClusterAccessError
-from mazerl.cluster.submitter import RayJob
+from mazerl.cluster.jobs.submitter import RayJob
 
 KUBE_TOKEN = "kube-bearer-token"
 CONNECTIONS = "/apis/connection.access.sagemaker.amazonaws.com/v1alpha1/namespaces/mazerl/raydashboardconnections"

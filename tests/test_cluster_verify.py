@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from mazerl.cluster.checks.probe import check_model_dir, read_probe, remove_probe, write_probe
+from mazerl.cluster.checks.report import CheckRow, ClusterNotReadyError, ClusterReport
+from mazerl.cluster.checks.run_requirements import requirements_for
+from mazerl.cluster.checks.verify import verify_cluster
 from mazerl.cluster.errors import ConfigError
-from mazerl.cluster.probe import check_model_dir, read_probe, remove_probe, write_probe
-from mazerl.cluster.report import CheckRow, ClusterNotReadyError, ClusterReport
-from mazerl.cluster.run_requirements import requirements_for
-from mazerl.cluster.verify import verify_cluster
 from mazerl.merge.memory import merge_memory
 from mazerl.training.config import TrainConfig
 
@@ -187,8 +187,8 @@ QWEN3_VL_8B_WEIGHTS = 17_534_000_000
 
 
 def test_the_free_space_row_sizes_skyrls_full_model_checkpoints_and_the_merged_copies(tmp_path):
-    from mazerl.cluster.run_requirements import GIB, lora_parameters
-    from mazerl.cluster.verify import _storage_rows
+    from mazerl.cluster.checks.run_requirements import GIB, lora_parameters
+    from mazerl.cluster.checks.verify import _storage_rows
 
     config = TrainConfig(run_id="r", base_model=tmp_path, backend="skyrl", skyrl={"num_gpus": 2, "num_nodes": 3})
     skyrl = requirements_for(config, max_artifact_mb=512)["footprint"]
@@ -266,7 +266,7 @@ def test_storage_probe_detects_a_mount_that_is_not_shared(tmp_path):
 
 
 def test_eval_placement_counts_the_actors_every_node_holds_at_once():
-    from mazerl.cluster.verify import _eval_rows, actors_that_fit
+    from mazerl.cluster.checks.verify import _eval_rows, actors_that_fit
 
     # the HyperPod shape: a CPU head and three 2-GPU workers (one of them DEAD)
     nodes = [
@@ -305,7 +305,7 @@ def test_report_renders_for_people_and_tables():
 
 
 def test_gpu_smoke_checks_follow_what_the_run_runs_on_gpus():
-    from mazerl.cluster.gpu_smoke import smoke_for
+    from mazerl.cluster.checks.gpu_smoke import smoke_for
 
     def checks(**run):
         base = {"backend": "local", "local_gpus": 0, "eval_engine": "hf", "eval_gpus": 0.0}
@@ -324,7 +324,7 @@ def test_gpu_smoke_checks_follow_what_the_run_runs_on_gpus():
 
 
 def test_gpu_smoke_real_checks_without_gpu_say_that_no_cuda_device_is_visible():
-    from mazerl.cluster.gpu_smoke import CHECKS, run_checks
+    from mazerl.cluster.checks.gpu_smoke import CHECKS, run_checks
 
     found = run_checks({"checks": list(CHECKS), "base_model": None})
     assert set(found) == set(CHECKS) and not any(result["ok"] for result in found.values())
@@ -332,7 +332,7 @@ def test_gpu_smoke_real_checks_without_gpu_say_that_no_cuda_device_is_visible():
 
 
 def test_gpu_smoke_generates_from_a_maze_frame_through_the_vllm_engines_request():
-    from mazerl.cluster.gpu_smoke import smoke_prompt
+    from mazerl.cluster.checks.gpu_smoke import smoke_prompt
     from mazerl.policy.chat import image_token_id
     from mazerl.policy.loader import load_processor
     from mazerl.starter.shipped import shipped_starter
@@ -346,7 +346,7 @@ def test_gpu_smoke_generates_from_a_maze_frame_through_the_vllm_engines_request(
 
 
 def test_gpu_rows_report_each_worker_and_a_worker_whose_gpus_are_taken_without_blocking():
-    from mazerl.cluster.gpu_smoke import GpuSmoke, gpu_rows
+    from mazerl.cluster.checks.gpu_smoke import GpuSmoke, gpu_rows
 
     smoke = GpuSmoke(("compute_capability", "vllm_generate"))
     ok = {"ok": True, "found": "sm_120"}
@@ -362,7 +362,7 @@ def test_gpu_rows_report_each_worker_and_a_worker_whose_gpus_are_taken_without_b
 
 
 def test_skyrls_wait_for_its_vllm_servers_is_sized_to_the_weights_each_node_reads():
-    from mazerl.cluster.run_requirements import SKYRL_HEALTH_TIMEOUT_DEFAULT_S, inference_start_timeout_s
+    from mazerl.cluster.checks.run_requirements import SKYRL_HEALTH_TIMEOUT_DEFAULT_S, inference_start_timeout_s
 
     # 3 nodes read 17.5 GB each at 150 MB/s: 350 s; twice that plus 5 minutes, past SkyRL's 600 s
     assert inference_start_timeout_s(QWEN3_VL_8B_WEIGHTS, 3) == 1001

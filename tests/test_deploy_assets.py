@@ -610,7 +610,7 @@ def test_iam_policy_allows_exactly_the_sagemaker_calls_the_hyperpod_rows_make_mo
     import boto3
     from moto import mock_aws
 
-    from mazerl.cluster.hyperpod import check_hyperpod
+    from mazerl.cluster.checks.hyperpod import check_hyperpod
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")

@@ -56,7 +56,7 @@ def test_summary_counts_success_moves_and_parse_failures():
 def local_ray(local_ray_head):
     """This process as a driver of the session's loopback-only head (never a bare ray.init(), which
     listens on every interface and writes an 0644 token into ~/.ray)."""
-    from mazerl.cluster.ray_driver import ray_driver
+    from mazerl.cluster.head.driver import ray_driver
 
     with ray_driver(local_ray_head):
         yield

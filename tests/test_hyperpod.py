@@ -15,8 +15,8 @@ from moto import mock_aws
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.sagemaker.models import sagemaker_backends
 
-from mazerl.cluster.hyperpod import HyperPodAccessError, HyperPodClusterNotFound, check_hyperpod
-from mazerl.cluster.report import ClusterNotReadyError
+from mazerl.cluster.checks.hyperpod import HyperPodAccessError, HyperPodClusterNotFound, check_hyperpod
+from mazerl.cluster.checks.report import ClusterNotReadyError
 
 REGION = "us-east-1"
 
@@ -161,7 +161,7 @@ def test_missing_credentials_are_named_without_network(no_aws_identity):
 
 def test_aws_region_alone_gives_the_region_boto3_itself_would_not_read(monkeypatch, tmp_path):
     # given a pod with only AWS_REGION set (as EKS Pod Identity setups and our manifests do),
-    from mazerl.cluster.hyperpod import sagemaker_client
+    from mazerl.cluster.checks.hyperpod import sagemaker_client
 
     monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
@@ -183,7 +183,7 @@ def test_missing_region_is_named(monkeypatch, tmp_path):
 
 
 def hyperpod_rows_of(**verify_kwargs):
-    from mazerl.cluster.verify import verify_cluster
+    from mazerl.cluster.checks.verify import verify_cluster
 
     with socket.socket() as probe:  # a closed port: the Ray rows fail fast, the HyperPod rows still run
         probe.bind(("127.0.0.1", 0))

@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mazerl.cluster.head_dir import default_temp_dir
-from mazerl.cluster.ray_local import find_local_head
+from mazerl.cluster.head.local import find_local_head
+from mazerl.cluster.head.temp_dir import default_temp_dir
 
 MAZERL = [sys.executable, "-m", "cli.main"]
 
@@ -26,7 +26,7 @@ MAZERL = [sys.executable, "-m", "cli.main"]
 FLOW_RUN = """
 import sys, time
 from pathlib import Path
-from mazerl.cluster.ray_local import ensure_local_head
+from mazerl.cluster.head.local import ensure_local_head
 
 head = ensure_local_head(num_cpus=1, object_store_mb=80, dashboard_port=0)
 print(f"UP {head.address}", flush=True)

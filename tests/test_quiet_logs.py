@@ -41,7 +41,7 @@ def test_peft_wrapping_a_model_does_not_print_the_deprecated_property_warning(pr
 
 @pytest.mark.parametrize(("code", "shown"), [(1000, False), (1006, True)])
 def test_only_the_normal_end_of_a_job_log_stream_is_dropped(code, shown, caplog):
-    import mazerl.cluster.job_log  # noqa: F401 - installs the filter on Ray's job client logger
+    import mazerl.cluster.jobs.log  # noqa: F401 - installs the filter on Ray's job client logger
 
     caplog.set_level(logging.INFO)
     logging.getLogger("ray.dashboard.modules.job.sdk").info(f"WebSocket closed for job j with close code {code}")
@@ -49,7 +49,7 @@ def test_only_the_normal_end_of_a_job_log_stream_is_dropped(code, shown, caplog)
 
 
 def test_ansi_colour_codes_are_removed_from_job_lines():
-    from mazerl.cluster.job_log import plain_text
+    from mazerl.cluster.jobs.log import plain_text
 
     assert (
         plain_text("\x1b[36m(pid=42)\x1b[0m step 1/2: reward \x1b[1;32m0.5\x1b[0m") == "(pid=42) step 1/2: reward 0.5"
@@ -58,7 +58,7 @@ def test_ansi_colour_codes_are_removed_from_job_lines():
 
 
 def test_a_redrawn_progress_bar_in_job_output_is_logged_once_in_its_last_state():
-    from mazerl.cluster.job_log import plain_text
+    from mazerl.cluster.jobs.log import plain_text
 
     bar = "Writing model shards:   0%|          | 0/1\rWriting model shards: 100%|##########| 1/1"
     assert plain_text(bar) == "Writing model shards: 100%|##########| 1/1"

@@ -54,7 +54,7 @@ def secret_env():
 @pytest.fixture(scope="module")
 def secret_head(secret_env):
     """A local Ray head started from an environment that holds the fake credentials (the user's shell)."""
-    from mazerl.cluster.ray_local import start_local_head
+    from mazerl.cluster.head.local import start_local_head
 
     temp = tempfile.mkdtemp(prefix="mzr-s", dir="/tmp")
     saved = dict(os.environ)
@@ -207,7 +207,7 @@ def process_environment(pid: int) -> str:
 
 
 def test_no_secret_of_the_users_shell_reaches_the_head_or_a_jobs_environment(secret_env, secret_head, tmp_path):
-    from mazerl.cluster.submitter import RayJob
+    from mazerl.cluster.jobs.submitter import RayJob
 
     # Given a head started from a shell holding cloud credentials and tokens,
     script = tmp_path / "env.py"
@@ -242,7 +242,7 @@ def test_eval_command_runs_on_a_loopback_only_head_and_leaves_no_token_where_oth
     import sys
     import time
 
-    from mazerl.cluster.head_dir import REGISTRY_NAME
+    from mazerl.cluster.head.temp_dir import REGISTRY_NAME
 
     # Given `mazerl eval` with no --ray-address, in a fresh TMPDIR and HOME (as on a laptop),
     home, temp, out = tmp_path / "home", Path(tempfile.mkdtemp(prefix="mzr-e", dir="/tmp")), tmp_path / "eval"
@@ -283,7 +283,7 @@ def test_eval_command_runs_on_a_loopback_only_head_and_leaves_no_token_where_oth
         assert not registry.exists(), "the head the command started was stopped when it ended"
         assert stat.S_IMODE(registry.parent.stat().st_mode) == 0o700
     finally:
-        from mazerl.cluster.ray_local import find_local_head
+        from mazerl.cluster.head.local import find_local_head
 
         left = find_local_head(registry.parent) if registry.is_file() else None
         if left is not None:  # the command failed before it stopped its head

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from mazerl.cluster.errors import ConfigError, JobConfigError, RetryableJobError
-from mazerl.cluster.job_spec import local_runtime_env, module_entrypoint, runtime_env_for, submission_id_for
-from mazerl.cluster.submitter import RayJob
+from mazerl.cluster.jobs.spec import local_runtime_env, module_entrypoint, runtime_env_for, submission_id_for
+from mazerl.cluster.jobs.submitter import RayJob
 from mazerl.training.progress import TrainingProgress
 
 # Ray's job client against a Ray head, on the Ray the image ships too (`make test-image-stack`).
@@ -270,7 +270,7 @@ def test_reattaches_to_the_running_job_of_the_same_run_instead_of_a_second(local
 # An orchestrator attempt in its own process, so that the test can SIGKILL it mid-job.
 FOLLOWER = """
 import json, sys
-from mazerl.cluster.submitter import RayJob
+from mazerl.cluster.jobs.submitter import RayJob
 
 address, entrypoint, run, offsets, token = sys.argv[1:6]
 job = RayJob(address, entrypoint, pipeline_run_id=run, attempt=1, log=lambda line: print(line, flush=True),
@@ -395,7 +395,7 @@ def test_cancelling_the_caller_stops_the_ray_job(local_ray_head, scripts):
 
 def test_a_stopped_caller_keeps_its_job_for_a_retry_and_an_abandoned_run_loses_its_jobs(local_ray_head, scripts):
     """A caller stopped where a retry re-attaches keeps its job; an abandoned run has its jobs stopped."""
-    from mazerl.cluster.pipeline_jobs import stop_pipeline_jobs
+    from mazerl.cluster.jobs.pipeline_jobs import stop_pipeline_jobs
 
     lines: list[str] = []
 
@@ -431,7 +431,7 @@ def test_a_training_job_runs_a_module_entrypoint_with_the_config(local_ray_head,
     """The real entrypoint shape, ``exec python -m <module> --config <file>``: plain ``python`` must be
     this venv's interpreter on the head, the job must import this checkout's code, and no shell
     stays between Ray and the module (a wrapper killed alone would orphan the trainer)."""
-    from mazerl.cluster.job_spec import project_root
+    from mazerl.cluster.jobs.spec import project_root
 
     (tmp_path / "fake_entry.py").write_text(
         textwrap.dedent(

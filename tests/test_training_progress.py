@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mazerl.cluster.errors import RetryableJobError
-from mazerl.cluster.submitter import RayJob
+from mazerl.cluster.jobs.submitter import RayJob
 from mazerl.progress import annotate_step_line, parse_step_line, step_line
 from mazerl.training import checkpoints
 from mazerl.training.progress import TrainingProgress, tracker_hook

@@ -150,8 +150,8 @@ def test_an_adapter_on_the_vision_tower_is_served_with_its_tower_modules(starter
 
 
 def test_the_eval_stages_vllm_actor_plays_the_hf_engines_episodes(starter, starter_hf_moves, tmp_path):
-    from mazerl.cluster.ray_driver import ray_driver
-    from mazerl.cluster.ray_local import start_local_head
+    from mazerl.cluster.head.driver import ray_driver
+    from mazerl.cluster.head.local import start_local_head
     from mazerl.evaluation.evaluate import evaluate
     from mazerl.evaluation.settings import EvalSettings
 
@@ -178,7 +178,7 @@ def test_the_eval_stages_vllm_actor_plays_the_hf_engines_episodes(starter, start
 
 
 def test_the_gpu_smoke_rows_vllm_checks_generate_from_a_maze_frame(starter):
-    from mazerl.cluster.gpu_smoke import vllm_checks
+    from mazerl.cluster.checks.gpu_smoke import vllm_checks
 
     checks = ["vllm_generate", "lora_adapter"]
     request = {"base_model": str(starter), "checks": checks, "lora_rank": 8, "lora_targets": ["q_proj", "v_proj"]}

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from mazerl.cluster.errors import ClusterAccessError, ConfigError, RetryableJobError
-from mazerl.cluster.ray_local import find_local_head
+from mazerl.cluster.head.local import find_local_head
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient

@@ -14,7 +14,7 @@ chunks are sized from the worker count (:func:`eval_chunks`): every worker gets 
 chunks of 32. A given chunking gives the same results maze by maze whatever the number of
 workers; ``chunk_size`` fixes it explicitly. Without a running Ray
 (and no ``ray_address``) the call runs on the embedded loopback-only head
-(:mod:`mazerl.cluster.ray_local`), started if none runs, never on a bare ``ray.init()``, which
+(:mod:`mazerl.cluster.head.local`), started if none runs, never on a bare ``ray.init()``, which
 listens on every interface and writes an 0644 token into ``~/.ray``.
 """
 
@@ -34,8 +34,8 @@ from envs.evalset import EvalSet
 from envs.evalset import load as load_eval_set
 from envs.maze import optimal_moves
 from mazerl.atomic import write_bytes, write_json, write_jsonl
-from mazerl.cluster.ray_driver import ray_driver
-from mazerl.cluster.ray_local import local_ray_head
+from mazerl.cluster.head.driver import ray_driver
+from mazerl.cluster.head.local import local_ray_head
 from mazerl.eval_files import RESULTS_FILE, SUMMARY_FILE
 from mazerl.evaluation.placement import reserve_workers
 from mazerl.evaluation.settings import EvalSettings

@@ -4,7 +4,7 @@ A Ray dashboard (job server) address cannot be handed to ``ray.init``: Ray (2.57
 refuses an ``http://`` address there ("Invalid Ray address"), and a driver on a laptop would
 need every port of the cluster besides. So, like the pipeline's eval stages, the command
 submits :mod:`mazerl.evaluation.job_entry` through Ray's job API (the one submitter,
-:class:`~mazerl.cluster.submitter.RayJob`), prints the job's own lines, and reads the report
+:class:`~mazerl.cluster.jobs.submitter.RayJob`), prints the job's own lines, and reads the report
 the job wrote. The model, the adapter and ``out_dir`` must be paths the cluster sees (a head on
 this machine does; a remote one needs them on its shared storage, like the pipeline's data root).
 """
@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 from mazerl.atomic import write_json
 from mazerl.cluster.client import ray_headers
-from mazerl.cluster.job_spec import module_entrypoint
-from mazerl.cluster.submitter import RayJob
+from mazerl.cluster.jobs.spec import module_entrypoint
+from mazerl.cluster.jobs.submitter import RayJob
 from mazerl.eval_files import SUMMARY_FILE
 from mazerl.evaluation.settings import EvalSettings, eval_request
 

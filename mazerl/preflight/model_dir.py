@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from mazerl import paths
-from mazerl.cluster.probe import check_model_dir, safetensors_header
+from mazerl.cluster.checks.probe import check_model_dir, safetensors_header
 from mazerl.preflight.input_error import InputError, short_message
 from mazerl.starter.record import RECORD_FILE
 from mazerl.starter.shipped import SHIPPED_DIGEST, SHIPPED_DIR, SHIPPED_NAME, directory_digest

@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 
 from envs.evalset import EvalSetError, load
 from mazerl import paths
-from mazerl.cluster.loopback import is_loopback_host
+from mazerl.cluster.head.loopback import is_loopback_host
 from mazerl.preflight.data_root import check_data_root, check_root_env
 from mazerl.preflight.input_error import InputError
 from mazerl.preflight.model_dir import check_base_model, check_starter_copy

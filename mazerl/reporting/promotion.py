@@ -31,7 +31,7 @@ from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
 from envs.evalset import load as load_eval_set
 from mazerl import atomic, paths
-from mazerl.cluster.ray_local import find_local_head
+from mazerl.cluster.head.local import find_local_head
 from mazerl.evaluation.evaluate import EvalReport
 from mazerl.evaluation.summary import exact_mcnemar_p
 from mazerl.reporting.eval_runs import success_on_first

@@ -60,7 +60,7 @@ def tracker_hook(
 class TrainingProgress:
     """The furthest finished step: from step lines fed to it and, if given, the checkpoint marker.
 
-    The submitter feeds it every log line of the job (:class:`~mazerl.cluster.hang_watchdog.JobProgress`),
+    The submitter feeds it every log line of the job (:class:`~mazerl.cluster.jobs.hang_watchdog.JobProgress`),
     tells it which job it follows (:meth:`follow`) and calls it for the watchdog's value; the
     train stage reads :attr:`fraction` for its progress artifact.
     """

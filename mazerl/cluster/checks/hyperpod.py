@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from mazerl.cluster.checks.report import CheckRow
 from mazerl.cluster.errors import ClusterAccessError, ConfigError, RetryableJobError
-from mazerl.cluster.report import CheckRow
 
 REQUIRED_ACTIONS = "sagemaker:DescribeCluster and sagemaker:ListClusterNodes"
 HYPERPOD_ACCESS_HINT = (

@@ -1,7 +1,7 @@
 """A Ray job's output as complete, plain lines: followed live, with a fallback to polling.
 
 :class:`LogFollower` reads the job's log into a queue of ``(line, offset)`` pairs for
-:class:`~mazerl.cluster.submitter.RayJob`, which hands the lines to its caller and records the
+:class:`~mazerl.cluster.jobs.submitter.RayJob`, which hands the lines to its caller and records the
 offsets (:class:`LogOffsets`), so a later attempt re-attached to the same job continues where
 this one stopped instead of replaying the lines its flow run already shows.
 :func:`plain_text` strips what a terminal would not show (colours, redrawn progress bars).
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mazerl.atomic import write_json
-from mazerl.cluster.job_spec import TERMINAL, job_status
+from mazerl.cluster.jobs.spec import TERMINAL, job_status
 
 logger = logging.getLogger(__name__)
 

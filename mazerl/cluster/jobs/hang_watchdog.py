@@ -3,7 +3,7 @@
 Progress is whatever the caller's probe returns (the train stage gives
 :class:`~mazerl.training.progress.TrainingProgress`, the last ``step N/M:`` line both training
 backends print); the cluster package knows nothing of training. A job whose probe value does not
-change for longer than the timeout is hung: :class:`~mazerl.cluster.submitter.RayJob` stops it
+change for longer than the timeout is hung: :class:`~mazerl.cluster.jobs.submitter.RayJob` stops it
 and reports it as retryable. Works on any Ray cluster.
 """
 
@@ -17,7 +17,7 @@ logger = logging.getLogger(__name__)
 
 
 class JobProgress(Protocol):
-    """What :class:`~mazerl.cluster.submitter.RayJob` asks of a progress probe: its value for the
+    """What :class:`~mazerl.cluster.jobs.submitter.RayJob` asks of a progress probe: its value for the
     watchdog (anything comparable; it changes when the job advances), every line of the job's log,
     and the metadata of the job it follows (a re-attached job may write into another run's directory)."""
 

@@ -5,7 +5,7 @@ sm_120), and no upstream recipe runs LoRA on a VLM through SkyRL, so a wrong whe
 after the GPUs were taken. ``verify_cluster``'s probe job runs :func:`run_checks` once on each
 ALIVE GPU worker (a Ray task pinned to the node, asking for one GPU) and turns each check into a
 row across the workers (:func:`gpu_rows`); each failed row has its fix in
-:data:`~mazerl.cluster.fixes.CLUSTER_FIXES`.
+:data:`~mazerl.cluster.checks.fixes.CLUSTER_FIXES`.
 
 The checks, each only where the run needs it (:func:`smoke_for`):
 
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.maze import MazeEnv
-from mazerl.cluster.report import CheckRow
+from mazerl.cluster.checks.report import CheckRow
 
 CHECKS = ("compute_capability", "flash_attn", "vllm_generate", "lora_adapter")
 TIMEOUT_S = 900.0  # vLLM loads an 8B model from the shared mount on every GPU worker at once
@@ -50,7 +50,7 @@ class GpuSmoke:
     base_model: str | None = None  # for vLLM; as the cluster's nodes see it
     lora_rank: int = 32
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    checks_module: str = "mazerl.cluster.gpu_smoke"
+    checks_module: str = "mazerl.cluster.checks.gpu_smoke"
     options: dict[str, Any] = field(default_factory=dict)  # for the checks module (stand-ins read theirs)
     timeout_s: float = TIMEOUT_S
 

@@ -13,7 +13,7 @@ import os
 import signal
 from pathlib import Path
 
-from mazerl.cluster.head_dir import RAY_SUBDIR
+from mazerl.cluster.head.temp_dir import RAY_SUBDIR
 
 
 def is_our_head_process(pid: int, temp: Path) -> bool:

@@ -1,7 +1,7 @@
 """``verify_cluster``: refuse to spend GPU hours on a cluster that cannot finish the run.
 
 Runs first in the pipeline and costs seconds. Every check is a row (name, expected, found,
-ok) of a :class:`~mazerl.cluster.report.ClusterReport`, which the orchestrator publishes as a
+ok) of a :class:`~mazerl.cluster.checks.report.ClusterReport`, which the orchestrator publishes as a
 Prefect table artifact and an MLflow table (``report.records()``) and turns into a failure
 with ``report.raise_for_failures()``.
 
@@ -9,25 +9,25 @@ The checks:
 
 - ``ray.address``: the job server answers (``JobSubmissionClient`` asks ``/api/version``),
   with the token when the cluster wants one (see :mod:`mazerl.cluster.client`).
-- ``ray.probe_job``: a short job, ``python -m mazerl.cluster.probe``, runs on the cluster;
+- ``ray.probe_job``: a short job, ``python -m mazerl.cluster.checks.probe``, runs on the cluster;
   it also proves the project is importable there. It reports what the cluster looks like
-  from inside (:mod:`mazerl.cluster.probe`), from which come:
+  from inside (:mod:`mazerl.cluster.checks.probe`), from which come:
   ``ray.version`` (same major version as this client, >= 2.52 for token auth),
   ``ray.nodes`` (enough ALIVE nodes), ``ray.dead_nodes`` (every DEAD node replaced),
   ``ray.gpus`` (enough GPUs in total), ``ray.gpu_placement`` (enough nodes with the GPUs
   per node the placement needs), ``ray.eval_placement`` (all eval workers, with their GPUs,
   fit at once: the eval waits for every one of them), ``storage.shared`` (a probe file written on each alive node
   is read back by the next), ``storage.free_space`` (free bytes under the data root on every
-  node, against the run's peak footprint: :class:`~mazerl.cluster.run_requirements.DiskFootprint`), ``inputs.base_model``
+  node, against the run's peak footprint: :class:`~mazerl.cluster.checks.run_requirements.DiskFootprint`), ``inputs.base_model``
   (config, weights, processor, tokenizer readable on a worker),
   ``ray.merge_memory`` (a node whose Ray memory holds the merge job; only when the caller
   passes ``merge_memory``, the merge's own rule for its need, :func:`mazerl.merge.memory.merge_memory`).
-- ``gpu.*`` when a :class:`~mazerl.cluster.gpu_smoke.GpuSmoke` is given (the run uses GPUs): on
+- ``gpu.*`` when a :class:`~mazerl.cluster.checks.gpu_smoke.GpuSmoke` is given (the run uses GPUs): on
   every GPU worker, the compute capability against the image's torch, a flash-attn call, a
   one-token vLLM generate, a LoRA adapter through vLLM, as the run needs them (the rows:
-  :func:`~mazerl.cluster.gpu_smoke.gpu_rows`).
+  :func:`~mazerl.cluster.checks.gpu_smoke.gpu_rows`).
 - ``inputs.eval_set``: the eval set loads and its digest verifies (here, in this process).
-- ``hyperpod.*`` when a HyperPod cluster name is given (:mod:`mazerl.cluster.hyperpod`);
+- ``hyperpod.*`` when a HyperPod cluster name is given (:mod:`mazerl.cluster.checks.hyperpod`);
   advisory (shown, never blocking) when the SageMaker API cannot be asked from here: no IAM
   identity, no ``AWS_REGION``, a missing permission, no route to the API.
 
@@ -46,14 +46,14 @@ from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 from envs import evalset
+from mazerl.cluster.checks.gpu_smoke import GPU_FREE_WAIT_S, GpuSmoke, gpu_rows
+from mazerl.cluster.checks.hyperpod import hyperpod_rows
+from mazerl.cluster.checks.probe import RESULT_PREFIX, node_name
+from mazerl.cluster.checks.report import CheckRow, ClusterReport
+from mazerl.cluster.checks.run_requirements import GIB, LORA_SHAPES, DiskFootprint
 from mazerl.cluster.client import job_client, parse_address
 from mazerl.cluster.errors import ConfigError, RetryableJobError
-from mazerl.cluster.gpu_smoke import GPU_FREE_WAIT_S, GpuSmoke, gpu_rows
-from mazerl.cluster.hyperpod import hyperpod_rows
-from mazerl.cluster.job_spec import TERMINAL, runtime_env_for
-from mazerl.cluster.probe import RESULT_PREFIX, node_name
-from mazerl.cluster.report import CheckRow, ClusterReport
-from mazerl.cluster.run_requirements import GIB, LORA_SHAPES, DiskFootprint
+from mazerl.cluster.jobs.spec import TERMINAL, runtime_env_for
 
 
 class MemoryNeed(Protocol):
@@ -200,7 +200,7 @@ def _connect(address: str, headers: dict[str, str] | None, rows: list[CheckRow])
 def _run_probe(client, address: str, request: dict, runtime_env, timeout_s: float, rows: list[CheckRow]) -> dict | None:
     expected = "probe job SUCCEEDED (mazerl importable on the cluster)"
     submission_id = f"mazerl-verify-{uuid.uuid4().hex[:10]}"
-    entrypoint = f"python -m mazerl.cluster.probe {shlex.quote(json.dumps(request))}"
+    entrypoint = f"python -m mazerl.cluster.checks.probe {shlex.quote(json.dumps(request))}"
     started = time.monotonic()
     try:
         client.submit_job(

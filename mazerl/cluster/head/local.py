@@ -11,10 +11,10 @@ Security: every Ray process of this head binds to 127.0.0.1 and token authentica
 temp dir and never logged; clients send it as an ``Authorization: Bearer`` header
 (:meth:`LocalRayHead.auth_headers`), which Ray's standard ``JobSubmissionClient(address,
 headers=...)`` accepts. Why the loopback-only mode and the job environment's allow-list:
-:mod:`mazerl.cluster.head_env`; why the temp dir must be private: :mod:`mazerl.cluster.head_dir`.
+:mod:`mazerl.cluster.head.env`; why the temp dir must be private: :mod:`mazerl.cluster.head.temp_dir`.
 
 One head serves every run of this user (and ``TMPDIR``) at once. Each process that uses it
-holds a lease (:mod:`mazerl.cluster.head_leases`; ``ensure_local_head`` takes one; it ends with
+holds a lease (:mod:`mazerl.cluster.head.leases`; ``ensure_local_head`` takes one; it ends with
 the process). A head started by :func:`local_ray_head` is stopped when the last lease is given
 up, not when the run that started it ends, so two ``mazerl run`` side by side both finish.
 
@@ -24,7 +24,7 @@ Usage::
         client = JobSubmissionClient(head.address, headers=head.auth_headers())
 
 A process that wants to connect as a Ray *driver* uses
-:func:`~mazerl.cluster.ray_driver.ray_driver` (``ray.init`` with the head's address and token).
+:func:`~mazerl.cluster.head.driver.ray_driver` (``ray.init`` with the head's address and token).
 """
 
 from __future__ import annotations
@@ -47,7 +47,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mazerl.atomic import write_json
-from mazerl.cluster.head_dir import (
+from mazerl.cluster.head.env import head_env
+from mazerl.cluster.head.leases import live_leases, release_lease, take_lease
+from mazerl.cluster.head.loopback import LOOPBACK, free_ports, is_loopback_ip, port_free
+from mazerl.cluster.head.process import is_our_head_process, kill_group, process_group_alive
+from mazerl.cluster.head.temp_dir import (
     HEAD_LOG_NAME,
     LOCK_NAME,
     RAY_SUBDIR,
@@ -57,10 +61,6 @@ from mazerl.cluster.head_dir import (
     remove,
     write_secret,
 )
-from mazerl.cluster.head_env import head_env
-from mazerl.cluster.head_leases import live_leases, release_lease, take_lease
-from mazerl.cluster.head_process import is_our_head_process, kill_group, process_group_alive
-from mazerl.cluster.loopback import LOOPBACK, free_ports, is_loopback_ip, port_free
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The in-cluster half of ``verify_cluster``: a short Ray job that looks at the cluster from inside.
 
-Run as ``python -m mazerl.cluster.probe '<json request>'`` by :mod:`mazerl.cluster.verify`
+Run as ``python -m mazerl.cluster.checks.probe '<json request>'`` by :mod:`mazerl.cluster.checks.verify`
 through the job API, so it works on every address the submitter accepts (the embedded head,
 a port-forwarded KubeRay head, ``sagemaker_ray://``). It prints one line
 ``MAZERL_PROBE_RESULT {json}`` and exits 0; the caller turns the JSON into report rows.
@@ -15,7 +15,7 @@ What it measures:
 - the base model directory, read from a worker node (a GPU node if there is one): config,
   weights (every shard an index names), processor and tokenizer files;
 - with ``gpu_smoke`` in the request, the GPU stack on every GPU worker: one actor per node, with
-  one GPU, runs the checks of :mod:`mazerl.cluster.gpu_smoke` there.
+  one GPU, runs the checks of :mod:`mazerl.cluster.checks.gpu_smoke` there.
 
 Tasks ask for no CPU (``num_cpus=0``) so they run even when the cluster's CPUs are taken; the GPU
 smoke actors ask for one GPU each (a GPU another job holds is reported, not waited for).
@@ -305,7 +305,7 @@ def _gpu_smoke(ray, *, pinned_options, smoke: dict[str, Any], nodes: list[dict[s
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m mazerl.cluster.probe '<json request>'", file=sys.stderr)
+        print("usage: python -m mazerl.cluster.checks.probe '<json request>'", file=sys.stderr)
         return 2
     try:
         request = json.loads(args[0])

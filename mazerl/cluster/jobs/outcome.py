@@ -6,7 +6,7 @@ retried: the same request fails the same way. Exit code 3 (a full disk: the trai
 :class:`~mazerl.cluster.errors.StorageFullJobError` with the job's own one-line message, never
 retried either. Any other failure, and STOPPED ->
 :class:`~mazerl.cluster.errors.RetryableJobError` naming the address; the training retry
-resumes from its checkpoint. :class:`~mazerl.cluster.submitter.RayJob` raises what
+resumes from its checkpoint. :class:`~mazerl.cluster.jobs.submitter.RayJob` raises what
 :func:`failure_error` gives it for a job that did not succeed.
 """
 
@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from mazerl.cluster.errors import JobConfigError, RetryableJobError, StorageFullJobError
-from mazerl.cluster.job_spec import job_status
+from mazerl.cluster.jobs.spec import job_status
 
 CONFIG_ERROR_EXIT_CODE = 2
 NO_SPACE_EXIT_CODE = 3

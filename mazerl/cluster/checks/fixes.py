@@ -1,6 +1,6 @@
 """What a user changes when a readiness check fails: the pipeline parameter behind each requirement.
 
-:meth:`mazerl.cluster.report.ClusterReport.raise_for_failures` puts the fix of every failed
+:meth:`mazerl.cluster.checks.report.ClusterReport.raise_for_failures` puts the fix of every failed
 check into its error, so a failed ``verify_cluster`` says which parameter to change.
 """
 

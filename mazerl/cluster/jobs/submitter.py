@@ -17,20 +17,20 @@ What it guarantees:
   with the same identity is the same training: it is re-attached to, and its metadata
   (``JobOutcome.metadata``) says where it writes. Any other is refused with
   :class:`JobConflictError`, naming the job and the command that stops it
-  (:mod:`mazerl.cluster.pipeline_jobs`).
+  (:mod:`mazerl.cluster.jobs.pipeline_jobs`).
 - **Logs reach the caller.** The job's output is followed with ``tail_job_logs`` in a thread
   (falling back to polling ``get_job_logs``) and handed line by line to ``log`` from the
   caller's thread, so a Prefect run logger can be used directly. With ``log_offsets_dir``, a
   later attempt that re-attaches continues the log where the earlier one stopped
-  (:class:`~mazerl.cluster.job_log.JobLogFeed`).
-- **Failures say whether to retry.** SUCCEEDED -> :class:`~mazerl.cluster.job_outcome.JobOutcome`;
-  exit code 2 -> :class:`JobConfigError`, never retried (:mod:`mazerl.cluster.job_outcome`). Any
+  (:class:`~mazerl.cluster.jobs.log.JobLogFeed`).
+- **Failures say whether to retry.** SUCCEEDED -> :class:`~mazerl.cluster.jobs.outcome.JobOutcome`;
+  exit code 2 -> :class:`JobConfigError`, never retried (:mod:`mazerl.cluster.jobs.outcome`). Any
   other failure, STOPPED, a job that vanished, an address that stops answering (for longer than
   ``unreachable_grace_s``) -> :class:`RetryableJobError` naming the address; the training retry
   resumes from its checkpoint.
 - **Hung jobs are stopped.** With ``hang_timeout_s``, a RUNNING job whose ``progress_probe``
   does not advance for that long is stopped and reported as retryable "hung"
-  (:mod:`mazerl.cluster.hang_watchdog`).
+  (:mod:`mazerl.cluster.jobs.hang_watchdog`).
 - **An expired HyperPod session is renewed.** The ``sagemaker_ray://`` toolkit fetches its
   dashboard cookie once, when the client is built; a long wait outlives it. A 401/403 while
   following a job on such an address rebuilds the client (the toolkit signs in again) and goes
@@ -39,7 +39,7 @@ What it guarantees:
 - **A resubmission can wait for the cluster.** ``before_submit`` runs right before a new job is
   submitted (never when re-attaching, nor for an id that already SUCCEEDED): the train stage's
   retries wait there until the cluster has the GPUs the job asks for
-  (:func:`mazerl.cluster.capacity.wait_for_resources`).
+  (:func:`mazerl.cluster.jobs.capacity.wait_for_resources`).
 - **Cancelling the caller stops the job.** Any exception leaving :meth:`RayJob.wait` inside
   the ``with`` block (KeyboardInterrupt, task cancellation, an error in ``log``) stops the Ray
   job, unless ``keep_running_on(exc)`` gives a reason to keep it (a deployment's flow process
@@ -49,9 +49,9 @@ What it guarantees:
 Code on the cluster: ``runtime_env="auto"`` (the default) gives a head on this machine
 (127.0.0.1/localhost) ``PYTHONPATH=<this checkout>`` so the job runs exactly the caller's
 code; a remote cluster gets no runtime env because its image has the project installed.
-The ids, metadata keys, entrypoints and runtime envs live in :mod:`mazerl.cluster.job_spec`;
-following the job's log in :mod:`mazerl.cluster.job_log`; finding a pipeline run's jobs among the
-cluster's, and stopping them, in :mod:`mazerl.cluster.pipeline_jobs`.
+The ids, metadata keys, entrypoints and runtime envs live in :mod:`mazerl.cluster.jobs.spec`;
+following the job's log in :mod:`mazerl.cluster.jobs.log`; finding a pipeline run's jobs among the
+cluster's, and stopping them, in :mod:`mazerl.cluster.jobs.pipeline_jobs`.
 
 Secrets: the runtime env is never logged here, but Ray stores it with the job and may log
 it, so tokens belong in the cluster's environment (Kubernetes Secrets), not in ``env_vars``.
@@ -71,10 +71,11 @@ from typing import Any, Literal
 
 from mazerl.cluster.client import auth_refused, job_client, parse_address
 from mazerl.cluster.errors import ClusterAccessError, ConfigError, RetryableJobError
-from mazerl.cluster.hang_watchdog import HangWatchdog, JobProgress
-from mazerl.cluster.job_log import JobLogFeed, LogOffsets
-from mazerl.cluster.job_outcome import JobOutcome, failure_error
-from mazerl.cluster.job_spec import (
+from mazerl.cluster.jobs.hang_watchdog import HangWatchdog, JobProgress
+from mazerl.cluster.jobs.log import JobLogFeed, LogOffsets
+from mazerl.cluster.jobs.outcome import JobOutcome, failure_error
+from mazerl.cluster.jobs.pipeline_jobs import by_start, conflict_error, other_runs_active, run_jobs, same_training
+from mazerl.cluster.jobs.spec import (
     ACTIVE,
     META_RUN,
     TERMINAL,
@@ -85,7 +86,6 @@ from mazerl.cluster.job_spec import (
     submission_id_for,
     submission_metadata,
 )
-from mazerl.cluster.pipeline_jobs import by_start, conflict_error, other_runs_active, run_jobs, same_training
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """A pipeline run's Ray jobs among those a cluster lists: its own, another run's of the same stage, stopping them.
 
-Every job's metadata names its pipeline run and stage (:mod:`mazerl.cluster.job_spec`), so a
+Every job's metadata names its pipeline run and stage (:mod:`mazerl.cluster.jobs.spec`), so a
 re-run finds its own jobs and re-attaches instead of starting a second one. A stage submitted
 with an identity (the train stage) also finds another run's active job of the same stage: a new
 flow run started after the worker pod crashed gets a new id while the orphan still holds every
@@ -15,7 +15,7 @@ import time
 
 from mazerl.cluster.client import job_client
 from mazerl.cluster.errors import JobConflictError
-from mazerl.cluster.job_spec import (
+from mazerl.cluster.jobs.spec import (
     ACTIVE,
     IDENTITY_MATCH,
     META_RUN,
@@ -52,7 +52,7 @@ def by_start(jobs) -> list:
 
 
 def same_training(job, identity: dict[str, str]) -> bool:
-    """Whether ``job`` was submitted with the same identity (:data:`~mazerl.cluster.job_spec.IDENTITY_MATCH`)."""
+    """Whether ``job`` was submitted with the same identity (:data:`~mazerl.cluster.jobs.spec.IDENTITY_MATCH`)."""
     return all(job_identity(job).get(k) == identity.get(k) for k in IDENTITY_MATCH)
 
 

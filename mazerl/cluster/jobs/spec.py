@@ -4,7 +4,7 @@ The submission id is deterministic (``mazerl-<pipeline run>-<stage>-a<attempt>``
 carries the ``META_*`` metadata keys, so a re-run finds its own jobs; every job is started as
 ``exec python -m <module> --config <file>`` (:func:`module_entrypoint`); a job on a head on this
 machine gets this checkout on its ``PYTHONPATH`` (:func:`runtime_env_for`). :class:`RayJob`
-(:mod:`mazerl.cluster.submitter`) submits and follows it.
+(:mod:`mazerl.cluster.jobs.submitter`) submits and follows it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 from mazerl.cluster.client import parse_address
 from mazerl.cluster.errors import ConfigError
-from mazerl.cluster.loopback import is_loopback_host
+from mazerl.cluster.head.loopback import is_loopback_host
 
 META_RUN = "mazerl_pipeline_run"
 META_STAGE = "mazerl_stage"

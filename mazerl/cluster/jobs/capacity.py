@@ -5,9 +5,9 @@ the ``hyperpod`` config) and gives up on it after 180 s. When a GPU node is lost
 many minutes to replace it (a new instance, its image pulled, its Ray worker joined), so retries
 that resubmit at once all fail at the placement group and end the flow run before the node is
 back. The train stage therefore runs this wait before each resubmission
-(:class:`~mazerl.cluster.submitter.RayJob`'s ``before_submit``).
+(:class:`~mazerl.cluster.jobs.submitter.RayJob`'s ``before_submit``).
 
-How: the wait is itself a short Ray job, ``python -m mazerl.cluster.capacity '<json request>'``,
+How: the wait is itself a short Ray job, ``python -m mazerl.cluster.jobs.capacity '<json request>'``,
 so it works on every address the submitter accepts (the embedded head, a port-forwarded KubeRay
 head, ``sagemaker_ray://``), with the same token and with its log in the caller's log. On the
 cluster it asks Ray for the very placement group the job will ask for, which is the exact test
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mazerl.cluster.errors import ConfigError, ResourcesUnavailableError
-from mazerl.cluster.submitter import RayJob
+from mazerl.cluster.jobs.submitter import RayJob
 
 RESULT_PREFIX = "MAZERL_CAPACITY_RESULT "
 FIRST_LOOK_S = 2.0  # a group that places within this is "ready" without a waiting line
@@ -193,7 +193,7 @@ def _cluster_wait(request: dict[str, Any]) -> WaitResult:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m mazerl.cluster.capacity '<json request>'", file=sys.stderr)
+        print("usage: python -m mazerl.cluster.jobs.capacity '<json request>'", file=sys.stderr)
         return 2
     try:
         request = json.loads(args[0])
@@ -240,7 +240,7 @@ def wait_for_resources(
         if not line.startswith(RESULT_PREFIX):
             say(line)
 
-    entrypoint = f"python -m mazerl.cluster.capacity {shlex.quote(json.dumps(request))}"
+    entrypoint = f"python -m mazerl.cluster.jobs.capacity {shlex.quote(json.dumps(request))}"
     with RayJob(
         address,
         entrypoint,

@@ -3,10 +3,10 @@
 One head serves every run of this user (and ``TMPDIR``) at once. Each process that uses it
 holds a lease, a file ``<pid>-<start time>`` in the head's temp dir; a lease whose process
 ended is dropped when the leases are next read. A head started by
-:func:`~mazerl.cluster.ray_local.local_ray_head` is stopped when the last lease is given up,
+:func:`~mazerl.cluster.head.local.local_ray_head` is stopped when the last lease is given up,
 not when the run that started it ends, so two ``mazerl run`` side by side both finish.
 
-Callers hold the head's registry lock (:mod:`mazerl.cluster.ray_local`) around these.
+Callers hold the head's registry lock (:mod:`mazerl.cluster.head.local`) around these.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mazerl.cluster.head_dir import LEASES_NAME, PRIVATE_MODE, remove
+from mazerl.cluster.head.temp_dir import LEASES_NAME, PRIVATE_MODE, remove
 
 
 def lease_name(pid: int) -> str | None:

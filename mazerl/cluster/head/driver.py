@@ -12,7 +12,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from mazerl.cluster.ray_local import LocalRayHead
+from mazerl.cluster.head.local import LocalRayHead
 
 
 @contextlib.contextmanager
