@@ -42,7 +42,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,36 @@ def stored_dtype(model_dir: Path) -> torch.dtype:
     return _dtype(name) if name else torch.float32
 
 
+@dataclass(frozen=True)
+class Precision:
+    """The dtypes a merge runs and saves in, and the logits tolerances its proofs allow."""
+
+    proof: torch.dtype
+    save: torch.dtype
+    atol: float
+    rtol: float
+
+    def tolerance(self, logits: torch.Tensor) -> float:
+        return self.atol + self.rtol * float(logits.abs().max())
+
+
+@dataclass(frozen=True)
+class MergePlan:
+    """One merge, checked and resolved before anything loads: what goes in, where it goes, how it is proven."""
+
+    base_dir: Path
+    adapter_dir: Path
+    out_dir: Path
+    origin: str  # " (checkpoint step N)", for messages
+    checkpoint_step: int | None
+    base_fingerprint: str
+    adapter_sha: str
+    context_mode: dict[str, Any] | None  # recorded as the merged model's context mode
+    probe_eval_set: str
+    device: str | None
+    precision: Precision
+
+
 def _precision(
     base_dir: Path,
     proof_dtype: str | None,
@@ -101,58 +131,52 @@ def _precision(
     atol: float | None,
     rtol: float | None,
     available_memory: tuple[int, str] | None,
-) -> tuple[torch.dtype, torch.dtype, float, float]:
-    """(proof dtype, save dtype, atol, rtol) from the options; a merge that would not fit is refused before loading."""
+) -> Precision:
+    """The precision from the options; a merge that would not fit is refused before loading."""
     stored = stored_dtype(base_dir)
     proof = _dtype(proof_dtype) if proof_dtype else stored
     default_atol, default_rtol = TOLERANCES.get(proof, TOLERANCES[torch.bfloat16])
-    atol = default_atol if atol is None else atol
-    rtol = default_rtol if rtol is None else rtol
     save = _dtype(save_dtype) if save_dtype else stored
     # before anything is loaded: the weights at the merge dtype, a save shard, the overhead
     weights = int(weights_bytes(base_dir) * _itemsize(proof) / _itemsize(stored))
     check_merge_memory(merge_memory(weights), available_memory)
-    return proof, save, atol, rtol
+    return Precision(
+        proof=proof,
+        save=save,
+        atol=default_atol if atol is None else atol,
+        rtol=default_rtol if rtol is None else rtol,
+    )
 
 
 def _load_base(
-    base_dir: Path,
-    adapter_dir: Path,
-    origin: str,
-    device: str | None,
-    proof: torch.dtype,
-    probe_eval_set: str,
-    log: Callable[[str], None],
+    plan: MergePlan, log: Callable[[str], None]
 ) -> tuple[Policy, dict[str, torch.Tensor], torch.Tensor, dict[str, str]]:
     """Step 1: the base model, the probe batch, and what the merge is checked against (base logits, tensor digests)."""
     try:
-        policy = load_policy(base_dir, device=device, dtype=proof)
-        check_adapter_fits(policy.model, adapter_dir)
+        policy = load_policy(plan.base_dir, device=plan.device, dtype=plan.precision.proof)
+        check_adapter_fits(policy.model, plan.adapter_dir)
     except ModelLoadError as exc:
-        raise MergeError(f"cannot merge adapter {adapter_dir}{origin} into {base_dir}: {exc}") from exc
-    ids, images = probe_contexts(policy.processor, probe_eval_set)
+        raise MergeError(f"cannot merge adapter {plan.adapter_dir}{plan.origin} into {plan.base_dir}: {exc}") from exc
+    ids, images = probe_contexts(policy.processor, plan.probe_eval_set)
     inputs = model_inputs(policy.processor, ids, images)
     base_logits = probe_logits(policy.model, inputs)
     before = tensor_digests(policy.model)
-    log(f"merge: base {base_dir.name} loaded ({len(before)} tensors), probe batch of {base_logits.shape[0]} tokens")
+    log(
+        f"merge: base {plan.base_dir.name} loaded ({len(before)} tensors), probe batch of {base_logits.shape[0]} tokens"
+    )
     return policy, inputs, base_logits, before
 
 
 def _load_adapter(
-    policy: Policy,
-    adapter_dir: Path,
-    base_dir: Path,
-    origin: str,
-    inputs: dict[str, torch.Tensor],
-    base_logits: torch.Tensor,
+    policy: Policy, plan: MergePlan, inputs: dict[str, torch.Tensor], base_logits: torch.Tensor
 ) -> tuple[torch.nn.Module, list[Any], torch.Tensor, float]:
     """Step 2: base + adapter, unmerged: the logits the merge must reproduce, and how far the adapter moves them."""
     from peft import PeftModel  # loads transformers: only when a merge runs, not when this module is imported
 
     try:
-        peft_model = PeftModel.from_pretrained(policy.model, str(adapter_dir), is_trainable=False).eval()
+        peft_model = PeftModel.from_pretrained(policy.model, str(plan.adapter_dir), is_trainable=False).eval()
     except (RuntimeError, ValueError, KeyError) as exc:
-        raise MergeError(f"adapter {adapter_dir}{origin} does not load onto {base_dir}: {exc}") from exc
+        raise MergeError(f"adapter {plan.adapter_dir}{plan.origin} does not load onto {plan.base_dir}: {exc}") from exc
     probes = lora_probes(peft_model)
     adapter_logits = probe_logits(peft_model, inputs)
     return peft_model, probes, adapter_logits, max_abs(adapter_logits, base_logits)
@@ -164,22 +188,20 @@ def _merge_and_prove(
     probes: list[Any],
     inputs: dict[str, torch.Tensor],
     adapter_logits: torch.Tensor,
-    atol: float,
-    rtol: float,
-    adapter_dir: Path,
-    origin: str,
+    plan: MergePlan,
     log: Callable[[str], None],
 ) -> tuple[torch.nn.Module, torch.Tensor, dict[str, Any]]:
     """Step 3: merge and prove weights + logits; (merged model, its logits, the report fields the proofs measured)."""
+    precision = plan.precision
     merged = peft_model.merge_and_unload()
-    changed, unchanged, delta_error = check_weights(merged, before, probes, atol, rtol)
+    changed, unchanged, delta_error = check_weights(merged, before, probes, precision.atol, precision.rtol)
     merged_logits = probe_logits(merged, inputs)
     logits_diff = max_abs(merged_logits, adapter_logits)
-    logits_tol = atol + rtol * float(adapter_logits.abs().max())
+    logits_tol = precision.tolerance(adapter_logits)
     if logits_diff > logits_tol:
         raise MergeError(
             f"merged logits differ from base+adapter logits by {logits_diff:.3e} (tolerance {logits_tol:.3e}) on the "
-            f"probe batch; the merge of {adapter_dir}{origin} is wrong"
+            f"probe batch; the merge of {plan.adapter_dir}{plan.origin} is wrong"
         )
     noop = not any(probe.nonzero for probe in probes)
     if noop:
@@ -202,26 +224,20 @@ def _merge_and_prove(
 
 
 def _prove_reload(
-    tmp: Path,
-    device: str | None,
-    proof: torch.dtype,
-    save: torch.dtype,
-    inputs: dict[str, torch.Tensor],
-    merged_logits: torch.Tensor,
-    atol: float,
-    rtol: float,
+    tmp: Path, plan: MergePlan, inputs: dict[str, torch.Tensor], merged_logits: torch.Tensor
 ) -> dict[str, float]:
     """Step 4, the reload proof (once the merged copy is freed): the saved directory gives the merged logits."""
+    precision, save = plan.precision, plan.precision.save
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    reloaded = load_policy(tmp, device=device, dtype=proof)
+    reloaded = load_policy(tmp, device=plan.device, dtype=precision.proof)
     reload_logits = probe_logits(reloaded.model, inputs)
     del reloaded
     gc.collect()
     reload_diff = max_abs(reload_logits, merged_logits)
-    if save == proof:
-        reload_tol = atol + rtol * float(merged_logits.abs().max())
+    if save == precision.proof:
+        reload_tol = precision.tolerance(merged_logits)
     else:  # rounding the merged weights to the save dtype is allowed for
         save_atol, save_rtol = TOLERANCES.get(save, TOLERANCES[torch.bfloat16])
         reload_tol = save_atol + save_rtol * float(merged_logits.abs().max())
@@ -233,61 +249,39 @@ def _prove_reload(
     return {"reload_max_abs_diff": reload_diff, "reload_tolerance": reload_tol}
 
 
-def _merge_and_install(
-    base_dir: Path,
-    adapter_dir: Path,
-    out_dir: Path,
-    *,
-    origin: str,
-    checkpoint_step: int | None,
-    base_fingerprint: str,
-    adapter_sha: str,
-    context_mode: dict[str, Any] | None,
-    probe_eval_set: str,
-    device: str | None,
-    proof: torch.dtype,
-    save: torch.dtype,
-    atol: float,
-    rtol: float,
-    started: float,
-    log: Callable[[str], None],
-) -> MergeReport:
+def _merge_and_install(plan: MergePlan, started: float, log: Callable[[str], None]) -> MergeReport:
     """Steps 1-4 in the one frame that holds the models, so that deleting them frees their memory before the reload."""
-    policy, inputs, base_logits, before = _load_base(base_dir, adapter_dir, origin, device, proof, probe_eval_set, log)
-    peft_model, probes, adapter_logits, adapter_effect = _load_adapter(
-        policy, adapter_dir, base_dir, origin, inputs, base_logits
-    )
-    merged, merged_logits, proven = _merge_and_prove(
-        peft_model, before, probes, inputs, adapter_logits, atol, rtol, adapter_dir, origin, log
-    )
+    policy, inputs, base_logits, before = _load_base(plan, log)
+    peft_model, probes, adapter_logits, adapter_effect = _load_adapter(policy, plan, inputs, base_logits)
+    merged, merged_logits, proven = _merge_and_prove(peft_model, before, probes, inputs, adapter_logits, plan, log)
     # 4. save to a temporary sibling, reload with the standard loader, compare, install
-    tmp = build_dir(out_dir)
+    tmp = build_dir(plan.out_dir)
     try:
         merge_info = {
-            "adapter_dir": str(adapter_dir),
-            "adapter_sha256": adapter_sha,
-            "checkpoint_step": checkpoint_step,
+            "adapter_dir": str(plan.adapter_dir),
+            "adapter_sha256": plan.adapter_sha,
+            "checkpoint_step": plan.checkpoint_step,
         }
-        save_merged(merged, save, base_dir, tmp, merge_info, context_mode)
+        save_merged(merged, plan.precision.save, plan.base_dir, tmp, merge_info, plan.context_mode)
         del merged, peft_model, policy
-        proven |= _prove_reload(tmp, device, proof, save, inputs, merged_logits, atol, rtol)
+        proven |= _prove_reload(tmp, plan, inputs, merged_logits)
         report = MergeReport(
-            merged_dir=str(out_dir),
-            base_model_dir=str(base_dir),
-            adapter_dir=str(adapter_dir),
-            checkpoint_step=checkpoint_step,
-            base_fingerprint=base_fingerprint,
-            adapter_sha256=adapter_sha,
+            merged_dir=str(plan.out_dir),
+            base_model_dir=str(plan.base_dir),
+            adapter_dir=str(plan.adapter_dir),
+            checkpoint_step=plan.checkpoint_step,
+            base_fingerprint=plan.base_fingerprint,
+            adapter_sha256=plan.adapter_sha,
             **proven,
             adapter_effect=adapter_effect,
             probe_tokens=int(base_logits.shape[0]),
-            proof_dtype=str(proof).removeprefix("torch."),
-            save_dtype=str(save).removeprefix("torch."),
+            proof_dtype=str(plan.precision.proof).removeprefix("torch."),
+            save_dtype=str(plan.precision.save).removeprefix("torch."),
             size_mb=round(dir_size_mb(tmp), 3),
             seconds=round(time.perf_counter() - started, 2),
         )
         (tmp / MERGE_RECORD).write_text(json.dumps(asdict(report), indent=2) + "\n")
-        install_dir(tmp, out_dir)
+        install_dir(tmp, plan.out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return report
@@ -328,11 +322,10 @@ def merge_adapter(
     if reused is not None:
         log(f"merge: {out_dir} already holds this base + adapter merge; reusing it")
         return reused
-    proof, save, atol, rtol = _precision(base_dir, proof_dtype, save_dtype, atol, rtol, available_memory)
-    report = _merge_and_install(
-        base_dir,
-        adapter_dir,
-        out_dir,
+    plan = MergePlan(
+        base_dir=base_dir,
+        adapter_dir=adapter_dir,
+        out_dir=out_dir,
         origin=origin,
         checkpoint_step=checkpoint_step,
         base_fingerprint=base_fingerprint,
@@ -340,13 +333,9 @@ def merge_adapter(
         context_mode=trained_context_mode,
         probe_eval_set=probe_eval_set,
         device=device,
-        proof=proof,
-        save=save,
-        atol=atol,
-        rtol=rtol,
-        started=started,
-        log=log,
+        precision=_precision(base_dir, proof_dtype, save_dtype, atol, rtol, available_memory),
     )
+    report = _merge_and_install(plan, started, log)
     log(f"merge: {report.summary()}")
     return report
 
