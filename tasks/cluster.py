@@ -8,6 +8,7 @@ from prefect.artifacts import create_table_artifact
 from mazerl.cluster.checks.fixes import CLUSTER_FIXES
 from mazerl.cluster.checks.gpu_smoke import smoke_for
 from mazerl.cluster.checks.run_requirements import requirements_for
+from mazerl.cluster.checks.verify import ReadinessRequest
 from mazerl.cluster.checks.verify import verify_cluster as check_readiness
 from mazerl.cluster.client import ray_headers
 from mazerl.merge.memory import merge_memory
@@ -26,16 +27,13 @@ def verify_cluster(context: RunContext, params: PipelineParams) -> dict:
     run_id = context.stage_run_id("verify_cluster")
     address = context.cluster_address()
     with timed_stage(context, "verify_cluster"), stage_run(context.tracking_uri, run_id):
-        report = check_readiness(
-            address,
+        request = ReadinessRequest(
             data_root=str(context.root),
             base_model=str(context.base_model),
             eval_set=context.eval_set,
-            headers=ray_headers(address),
             hyperpod_cluster=params.hyperpod_cluster,
             eval_workers=params.eval_workers,
             eval_gpus_per_worker=params.resolved_eval_gpus(),
-            log=logger.info,
             merge_memory=merge_memory,  # the merge's need, for the weights the probe finds on the cluster
             gpu_smoke=smoke_for(
                 backend=config.backend,
@@ -55,6 +53,7 @@ def verify_cluster(context: RunContext, params: PipelineParams) -> dict:
                 mlflow_store_in_data_root=params.tracking_uri is None,  # the embedded store copies the model too
             ),
         )
+        report = check_readiness(address, request, headers=ray_headers(address), log=logger.info)
         records = report.records()
         create_table_artifact(records, key="verify-cluster", description=f"Readiness of {report.address}")
         client_for(context.tracking_uri).log_table(

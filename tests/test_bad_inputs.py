@@ -208,20 +208,20 @@ def cluster_gate(values: dict, hyperpod_client=None) -> Exception:
     """``verify_cluster`` with the requirements and fixes the pipeline's first stage uses."""
     from mazerl.cluster.checks.fixes import CLUSTER_FIXES
     from mazerl.cluster.checks.run_requirements import requirements_for
-    from mazerl.cluster.checks.verify import verify_cluster
+    from mazerl.cluster.checks.verify import ReadinessRequest, verify_cluster
     from tasks.context import ray_headers
 
     params = PipelineParams.model_validate(values)
     config = params.train_config("r", Path(params.base_model))
-    report = verify_cluster(
-        params.ray_address,
+    request = ReadinessRequest(
         data_root=str(params.root()),
         base_model=params.base_model,
         eval_set=params.resolved_eval_set(),
-        headers=ray_headers(params.ray_address),
         hyperpod_cluster=params.hyperpod_cluster,
-        sagemaker_client=hyperpod_client,
         **requirements_for(config),
+    )
+    report = verify_cluster(
+        params.ray_address, request, headers=ray_headers(params.ray_address), sagemaker_client=hyperpod_client
     )
     with pytest.raises(Exception) as caught:
         report.raise_for_failures(CLUSTER_FIXES)

@@ -279,7 +279,7 @@ def test_rehearsal_no_gpu_verify_cluster_counts_gpus_checks_storage_and_smokes_e
     from mazerl.cluster.checks.gpu_smoke import CHECKS, GpuSmoke
     from mazerl.cluster.checks.report import ClusterNotReadyError
     from mazerl.cluster.checks.run_requirements import requirements_for
-    from mazerl.cluster.checks.verify import verify_cluster
+    from mazerl.cluster.checks.verify import ReadinessRequest, verify_cluster
     from mazerl.merge.memory import merge_memory
 
     # given the hyperpod deployment's training placement (3 nodes x 2 GPUs) and its eval (6 vLLM workers),
@@ -299,7 +299,7 @@ def test_rehearsal_no_gpu_verify_cluster_counts_gpus_checks_storage_and_smokes_e
             "merge_memory": merge_memory,
             **requirements_for(config, max_artifact_mb=params.max_artifact_mb),
         }
-        return verify_cluster(cluster.address, headers=cluster.headers(), **(kwargs | overrides))
+        return verify_cluster(cluster.address, ReadinessRequest(**(kwargs | overrides)), headers=cluster.headers())
 
     (tmp_path / "shared").mkdir()
     report = verify()

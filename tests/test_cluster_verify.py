@@ -11,7 +11,7 @@ import pytest
 from mazerl.cluster.checks.probe import check_model_dir, read_probe, remove_probe, write_probe
 from mazerl.cluster.checks.report import CheckRow, ClusterNotReadyError, ClusterReport
 from mazerl.cluster.checks.run_requirements import requirements_for
-from mazerl.cluster.checks.verify import verify_cluster
+from mazerl.cluster.checks.verify import ReadinessRequest, verify_cluster
 from mazerl.cluster.errors import ConfigError
 from mazerl.merge.memory import merge_memory
 from mazerl.training.config import TrainConfig
@@ -65,15 +65,14 @@ def closed_port_address() -> str:
 
 def test_embedded_default_passes_against_the_local_head(local_ray_head, tmp_path):
     config = TrainConfig(run_id="r1", base_model=fake_model_dir(tmp_path / "starter"), data_root=tmp_path / "root")
-    report = verify_cluster(
-        local_ray_head.address,
-        headers=local_ray_head.auth_headers(),
+    request = ReadinessRequest(
         data_root=str(config.data_root),
         base_model=str(config.base_model),
         eval_set="maze256-small-v1",
         merge_memory=merge_memory,
         **requirements_for(config),
     )
+    report = verify_cluster(local_ray_head.address, request, headers=local_ray_head.auth_headers())
     assert report.ok, report.markdown()
     assert {row.name for row in report.rows} == EMBEDDED_ROWS
     assert report.seconds < 60, f"verification must cost seconds, took {report.seconds}"
@@ -94,15 +93,14 @@ def test_embedded_default_passes_against_the_local_head(local_ray_head, tmp_path
 def test_each_unmet_requirement_is_a_failed_row(local_ray_head, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    report = verify_cluster(
-        local_ray_head.address,
-        headers=local_ray_head.auth_headers(),
+    request = ReadinessRequest(
         data_root=str(blocker / "root"),  # cannot be created: a file is in the way
         base_model=str(fake_model_dir(tmp_path / "model", weights=False)),
         required_nodes=2,
         required_gpus=4,
         gpus_per_node=2,
     )
+    report = verify_cluster(local_ray_head.address, request, headers=local_ray_head.auth_headers())
     by_name = {row.name: row for row in report.rows}
     failed = {row.name for row in report.failures}
     assert failed == {
@@ -131,13 +129,10 @@ def test_unreachable_address_fails_fast_and_still_checks_the_rest_mocked_aws(tmp
     address = closed_port_address()
     with mock_aws():
         client = boto3.client("sagemaker", region_name="us-east-1")
-        report = verify_cluster(
-            address,
-            data_root=str(tmp_path),
-            eval_set="maze256-small-v1",
-            hyperpod_cluster="no-such-cluster",
-            sagemaker_client=client,
+        request = ReadinessRequest(
+            data_root=str(tmp_path), eval_set="maze256-small-v1", hyperpod_cluster="no-such-cluster"
         )
+        report = verify_cluster(address, request, sagemaker_client=client)
     by_name = {row.name: row for row in report.rows}
     assert not by_name["ray.address"].ok and address in by_name["ray.address"].found
     assert "ray.probe_job" not in by_name, "Ray rows that need the address are skipped, not timed out"
@@ -155,9 +150,9 @@ def test_unreachable_address_fails_fast_and_still_checks_the_rest_mocked_aws(tmp
         ({"data_root": "/shared", "gpus_per_node": 1.5}, "gpus_per_node"),
     ],
 )
-def test_nonsense_arguments_are_refused_before_any_work(kwargs, names):
+def test_nonsense_requests_are_refused_before_any_work(kwargs, names):
     with pytest.raises(ConfigError, match=names):
-        verify_cluster("http://127.0.0.1:1", **kwargs)
+        ReadinessRequest(**kwargs)
 
 
 def test_requirements_follow_the_training_config(tmp_path):

@@ -182,13 +182,14 @@ def test_missing_region_is_named(monkeypatch, tmp_path):
 # --- inside verify_cluster: advisory when the API cannot be asked, blocking when it answers badly ---
 
 
-def hyperpod_rows_of(**verify_kwargs):
-    from mazerl.cluster.checks.verify import verify_cluster
+def hyperpod_rows_of(sagemaker_client=None):
+    from mazerl.cluster.checks.verify import ReadinessRequest, verify_cluster
 
     with socket.socket() as probe:  # a closed port: the Ray rows fail fast, the HyperPod rows still run
         probe.bind(("127.0.0.1", 0))
         address = f"http://127.0.0.1:{probe.getsockname()[1]}"
-    return verify_cluster(address, data_root="/shared", hyperpod_cluster="mazerl-hp", **verify_kwargs)
+    request = ReadinessRequest(data_root="/shared", hyperpod_cluster="mazerl-hp")
+    return verify_cluster(address, request, sagemaker_client=sagemaker_client)
 
 
 @pytest.mark.parametrize("missing", ["identity", "region"])

@@ -68,93 +68,89 @@ class MemoryNeed(Protocol):
 MIN_RAY_VERSION = (2, 52)  # token authentication
 
 
+@dataclasses.dataclass(frozen=True)
+class ReadinessRequest:
+    """What one run needs of the cluster, for :func:`verify_cluster`; nonsense is refused when it is built.
+
+    ``data_root`` is the path as the cluster's nodes see it (``/shared`` on HyperPod). The placement
+    and disk fields are :func:`~mazerl.cluster.checks.run_requirements.requirements_for`'s, so
+    ``ReadinessRequest(data_root=..., **requirements_for(config))`` asks for what a training config
+    needs. ``required_free_bytes`` None: the run's ``footprint`` for the base model's weights as the
+    probe found them; without a footprint, the local backend's defaults (2 checkpoints kept, rank 32).
+    ``merge_memory``: the merge's memory need for the weight bytes the probe found (its task passes
+    :func:`mazerl.merge.memory.merge_memory`); None leaves out the ``ray.merge_memory`` row.
+    ``gpu_smoke`` None leaves out the GPU rows; ``hyperpod_cluster`` None the HyperPod rows.
+    """
+
+    data_root: str
+    required_nodes: int = 1
+    required_gpus: int = 0
+    gpus_per_node: int = 0
+    required_free_bytes: int | None = None
+    footprint: DiskFootprint | None = None
+    eval_workers: int = 0
+    eval_gpus_per_worker: float = 0.0
+    base_model: str | None = None
+    eval_set: str | None = None
+    hyperpod_cluster: str | None = None
+    hyperpod_region: str | None = None
+    gpu_smoke: GpuSmoke | None = None
+    merge_memory: Callable[[int], MemoryNeed] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("required_nodes", "required_gpus", "gpus_per_node"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name} ({value!r}) must be an integer >= 0")
+        if self.required_nodes < 1:
+            raise ConfigError(f"required_nodes ({self.required_nodes}) must be >= 1: the head is a node")
+        if not isinstance(self.eval_workers, int) or self.eval_workers < 0 or not self.eval_gpus_per_worker >= 0:
+            raise ConfigError(
+                f"eval_workers ({self.eval_workers!r}) must be an integer >= 0 and eval_gpus_per_worker "
+                f"({self.eval_gpus_per_worker!r}) a number >= 0"
+            )
+        if not self.data_root or not str(self.data_root).startswith("/"):
+            raise ConfigError(
+                f"data_root ({self.data_root!r}) must be an absolute path as the cluster's nodes see it, e.g. /shared"
+            )
+
+
 def verify_cluster(
     address: str,
+    request: ReadinessRequest,
     *,
-    data_root: str,
-    required_nodes: int = 1,
-    required_gpus: int = 0,
-    gpus_per_node: int = 0,
-    required_free_bytes: int | None = None,
-    footprint: DiskFootprint | None = None,
-    eval_workers: int = 0,
-    eval_gpus_per_worker: float = 0.0,
-    base_model: str | None = None,
-    eval_set: str | None = None,
     headers: dict[str, str] | None = None,
     runtime_env: dict[str, Any] | None | Literal["auto"] = "auto",
-    hyperpod_cluster: str | None = None,
-    hyperpod_region: str | None = None,
     sagemaker_client: Any = None,
-    gpu_smoke: GpuSmoke | None = None,
-    merge_memory: Callable[[int], MemoryNeed] | None = None,
     timeout_s: float = 60.0,
     log: Callable[[str], None] | None = None,
 ) -> ClusterReport:
-    """Check that the cluster at ``address`` can run a training config; never raises for a
-    failed check (each becomes a row), only for arguments that make no sense.
-
-    ``data_root`` is the path as the cluster's nodes see it (``/shared`` on HyperPod).
-    ``required_free_bytes`` None: the run's ``footprint`` (:class:`DiskFootprint`, from
-    :func:`requirements_for`) for the base model's weights as the probe found them; without a
-    footprint, the local backend's defaults (2 checkpoints kept, rank 32). ``merge_memory``: the
-    merge's memory need for the base model's weight bytes as the probe found them (its task passes
-    :func:`mazerl.merge.memory.merge_memory`); None leaves out the ``ray.merge_memory`` row.
-    """
-    _check_arguments(data_root, required_nodes, required_gpus, gpus_per_node, eval_workers, eval_gpus_per_worker)
+    """Check that the cluster at ``address`` has what ``request`` asks for; never raises for a
+    failed check (each becomes a row)."""
     started = time.monotonic()
     parsed = parse_address(address)
     say = log or (lambda _line: None)
     rows: list[CheckRow] = []
 
-    probe = _probe(parsed.value, headers, runtime_env, data_root, base_model, gpu_smoke, timeout_s, say, rows)
+    probe = _probe(parsed.value, headers, runtime_env, request, timeout_s, say, rows)
     if probe is not None:
         rows.extend(
-            _ray_rows(probe, required_nodes, required_gpus, gpus_per_node)
-            + _eval_rows(probe, eval_workers, eval_gpus_per_worker)
-            + _storage_rows(probe, str(data_root), required_free_bytes, footprint)
+            _ray_rows(probe, request.required_nodes, request.required_gpus, request.gpus_per_node)
+            + _eval_rows(probe, request.eval_workers, request.eval_gpus_per_worker)
+            + _storage_rows(probe, str(request.data_root), request.required_free_bytes, request.footprint)
             + _model_rows(probe)
-            + (_merge_rows(probe, merge_memory) if merge_memory is not None else [])
-            + (gpu_rows(probe, gpu_smoke) if gpu_smoke is not None else [])
+            + (_merge_rows(probe, request.merge_memory) if request.merge_memory is not None else [])
+            + (gpu_rows(probe, request.gpu_smoke) if request.gpu_smoke is not None else [])
         )
-    if eval_set:
-        rows.append(_eval_set_row(eval_set))
-    if hyperpod_cluster:
-        rows.extend(hyperpod_rows(hyperpod_cluster, hyperpod_region, sagemaker_client))
+    if request.eval_set:
+        rows.append(_eval_set_row(request.eval_set))
+    if request.hyperpod_cluster:
+        rows.extend(hyperpod_rows(request.hyperpod_cluster, request.hyperpod_region, sagemaker_client))
     report = ClusterReport(address=parsed.value, rows=tuple(rows), seconds=round(time.monotonic() - started, 2))
     say(
         f"verify_cluster: {'ready' if report.ok else 'NOT ready'} ({len(report.failures)} of {len(rows)} checks failed)"
     )
     return report
-
-
-def _check_arguments(
-    data_root: str,
-    required_nodes: int,
-    required_gpus: int,
-    gpus_per_node: int,
-    eval_workers: int,
-    eval_gpus_per_worker: float,
-) -> None:
-    """Arguments that make no sense raise ConfigError; a failed check never does (it becomes a row)."""
-    for name, value in (
-        ("required_nodes", required_nodes),
-        ("required_gpus", required_gpus),
-        ("gpus_per_node", gpus_per_node),
-    ):
-        if not isinstance(value, int) or value < 0:
-            raise ConfigError(f"{name} ({value!r}) must be an integer >= 0")
-    if required_nodes < 1:
-        raise ConfigError(f"required_nodes ({required_nodes}) must be >= 1: the head is a node")
-    if not isinstance(eval_workers, int) or eval_workers < 0 or not eval_gpus_per_worker >= 0:
-        raise ConfigError(
-            f"eval_workers ({eval_workers!r}) must be an integer >= 0 and eval_gpus_per_worker "
-            f"({eval_gpus_per_worker!r}) a number >= 0"
-        )
-    if not data_root or not str(data_root).startswith("/"):
-        raise ConfigError(
-            f"data_root ({data_root!r}) must be an absolute path as the cluster's nodes see it, e.g. /shared"
-        )
 
 
 # --- Ray ----------------------------------------------------------------------------------
@@ -164,9 +160,7 @@ def _probe(
     address: str,
     headers: dict[str, str] | None,
     runtime_env: dict[str, Any] | None | Literal["auto"],
-    data_root: str,
-    base_model: str | None,
-    gpu_smoke: GpuSmoke | None,
+    readiness: ReadinessRequest,
     timeout_s: float,
     say: Callable[[str], None],
     rows: list[CheckRow],
@@ -177,7 +171,11 @@ def _probe(
     if client is None:
         return None
     env = runtime_env_for(address) if runtime_env == "auto" else runtime_env
-    request: dict[str, Any] = {"data_root": str(data_root), "base_model": str(base_model) if base_model else None}
+    gpu_smoke, base_model = readiness.gpu_smoke, readiness.base_model
+    request: dict[str, Any] = {
+        "data_root": str(readiness.data_root),
+        "base_model": str(base_model) if base_model else None,
+    }
     if gpu_smoke is not None:
         request["gpu_smoke"] = gpu_smoke.request() | {"gpu_free_wait_s": GPU_FREE_WAIT_S}
         timeout_s += gpu_smoke.timeout_s + GPU_FREE_WAIT_S
