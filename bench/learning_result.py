@@ -7,7 +7,7 @@
 
 ``train`` runs ``python -m mazerl.training.local_entry`` once per seed (run ids
 ``recipe-seed<N>``), one after the other. Every ``eval_interval`` steps the trainer plays all
-256 held-out mazes greedily and keeps the per-maze rows (``<run>/evals/step_<N>.jsonl``).
+256 held-out mazes greedily (``JUDGED_ON_ALL``: the recipe's own periodic evals play a subset) and keeps the per-maze rows (``<run>/evals/step_<N>.jsonl``).
 ``report`` plays the starter on the same mazes (the baseline), then per seed: the greedy curve,
 the final success, fixed / broken mazes against the baseline with the exact McNemar p, the
 mean and spread over seeds, and the failure kinds (``mazerl.evaluation.failures``) before and
@@ -46,12 +46,17 @@ def run_dir(root: Path, seed: int) -> Path:
     return root / "runs" / f"recipe-seed{seed}"
 
 
+# A bench judges each seed on every held-out maze at each eval step: the recipe's periodic evals play
+# a subset (the pipeline's final eval plays all of them; a bench runs no final eval).
+JUDGED_ON_ALL = {"eval_mazes": None}
+
+
 def train(args: argparse.Namespace) -> None:
     from mazerl.training.config import TrainConfig, save_config
     from mazerl.training.recipes import EMBEDDED_TRAINING, deep_merge
 
     for seed in args.seeds:
-        values = deep_merge(EMBEDDED_TRAINING, json.loads(args.training))
+        values = deep_merge(EMBEDDED_TRAINING, json.loads(args.training)) | JUDGED_ON_ALL
         values |= {
             "run_id": f"recipe-seed{seed}",
             "seed": seed,

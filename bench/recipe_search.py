@@ -8,9 +8,9 @@ every held-out maze at fixed steps.
 
 Why one after another: two training processes side by side on 2 cores made each 3-10x slower
 and got arms stopped before they said anything. Each arm's overrides go over the embedded recipe
-(``mazerl.training.recipes.EMBEDDED_TRAINING``) as ``--training`` does; ``eval_interval`` and
-``eval_mazes`` should stay as the recipe has them (all 256 mazes) so every arm is judged on the
-same mazes at the same steps. A finished (arm, seed) is skipped when ``train`` runs again, so a
+(``mazerl.training.recipes.EMBEDDED_TRAINING``) as ``--training`` does, and every eval plays all 256
+mazes (``learning_result.JUDGED_ON_ALL``); ``eval_interval`` should stay as the recipe has it so every
+arm is judged on the same mazes at the same steps. A finished (arm, seed) is skipped when ``train`` runs again, so a
 search that was stopped continues where it was.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.learning_result import baseline_rows, kinds_of  # noqa: E402
+from bench.learning_result import JUDGED_ON_ALL, baseline_rows, kinds_of  # noqa: E402
 from mazerl.eval_files import read_result_rows  # noqa: E402
 
 EXPERIMENT = "recipe-search"  # one MLflow experiment: each (arm, seed) a run
@@ -55,18 +55,22 @@ def train(args: argparse.Namespace, arms: dict[str, dict]) -> None:
                 continue
             uri = f"sqlite:///{args.root}/mlflow.db"
             path = arm_root(args.root, arm) / f"seed{seed}.json"
-            values = deep_merge(EMBEDDED_TRAINING, overrides) | {
-                "run_id": f"seed{seed}",
-                "seed": seed,
-                "data_root": str(arm_root(args.root, arm)),
-                "base_model": str(args.model),
-                "eval_set": "maze256-small-v1",
-                "mlflow": {
-                    "tracking_uri": uri,
-                    "experiment": EXPERIMENT,
-                    "run_id": arm_run(uri, arm, seed, overrides, path),
-                },
-            }
+            values = (
+                deep_merge(EMBEDDED_TRAINING, overrides)
+                | JUDGED_ON_ALL
+                | {
+                    "run_id": f"seed{seed}",
+                    "seed": seed,
+                    "data_root": str(arm_root(args.root, arm)),
+                    "base_model": str(args.model),
+                    "eval_set": "maze256-small-v1",
+                    "mlflow": {
+                        "tracking_uri": uri,
+                        "experiment": EXPERIMENT,
+                        "run_id": arm_run(uri, arm, seed, overrides, path),
+                    },
+                }
+            )
             config = TrainConfig.model_validate(values)
             path = save_config(config, path)
             print(f"{arm} seed {seed}: training ({json.dumps(overrides)})", flush=True)
