@@ -25,7 +25,7 @@ from mazerl.reporting.eval_runs import record_eval
 from mazerl.tracking.lineage import stage_run
 from mazerl.training.config import TrainConfig
 from tasks.context import RunContext
-from tasks.jobs import run_stage_job, write_request
+from tasks.jobs import run_stage_job, stage_job, write_request
 from tasks.stages import timed_stage
 
 
@@ -76,9 +76,7 @@ def _evaluate(run: RunContext, stage: str, model_dir: Path, settings: EvalSettin
     with stage_run(run.tracking_uri, run.stage_run_id(f"{stage}_eval"), finish=False):
         run_stage_job(
             run,
-            stage,
-            "mazerl.evaluation.job_entry",
-            request_path,
+            stage_job(run, stage, "mazerl.evaluation.job_entry", request_path),
             # "eval: 37/256 mazes, ..., 01:10 left" gets the run's total time left
             rewrite=(lambda line: clock.with_total_left(line, f"{stage}_eval")) if run.stage_keys else None,
         )

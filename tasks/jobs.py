@@ -16,7 +16,7 @@ from mazerl.cluster.client import ray_headers
 from mazerl.cluster.errors import RetryableJobError
 from mazerl.cluster.jobs.hang_watchdog import JobProgress
 from mazerl.cluster.jobs.outcome import JobOutcome
-from mazerl.cluster.jobs.spec import module_entrypoint
+from mazerl.cluster.jobs.spec import JobSpec, module_entrypoint
 from mazerl.cluster.jobs.submitter import RayJob
 from tasks.context import RunContext
 
@@ -30,25 +30,43 @@ def attempt_number() -> int:
     return int(task_run.run_count or 1)
 
 
-def run_stage_job(
+def stage_job(
     context: RunContext,
     stage: str,
     module: str,
     config_path: Path,
     *,
     env_vars: dict[str, str] | None = None,
+    **asks: Any,
+) -> JobSpec:
+    """This flow run's attempt at ``stage``: ``python -m module --config config_path``, with the
+    stage's environment; ``asks`` are what it asks of the cluster (:class:`JobSpec`'s ``num_gpus``,
+    ``num_cpus``, ``memory``, ``identity``)."""
+    return JobSpec(
+        module_entrypoint(module, config_path),
+        pipeline_run_id=context.flow_run_id,
+        attempt=attempt_number(),
+        stage=stage,
+        env_vars=JOB_ENV | (env_vars or {}),
+        **asks,
+    )
+
+
+def run_stage_job(
+    context: RunContext,
+    spec: JobSpec,
+    *,
     hang_timeout_s: float | None = None,
     progress_probe: JobProgress | None = None,
     on_line: Callable[[str], None] | None = None,
     rewrite: Callable[[str], str] | None = None,
-    **job_options: Any,
+    before_submit: Callable[[], None] | None = None,
 ) -> JobOutcome:
-    """Submit (or re-attach to) ``python -m module --config config_path`` and follow it to its end.
+    """Submit (or re-attach to) the job ``spec`` describes and follow it to its end.
 
     ``rewrite`` turns a job line into the line logged (e.g. the train stage adds the total time
-    left to each step line); ``on_line`` sees the job's own line. ``job_options``: the rest of
-    :class:`~mazerl.cluster.jobs.submitter.RayJob`'s options, e.g. ``entrypoint_memory`` to start the
-    job on a node with that much memory.
+    left to each step line); ``on_line`` sees the job's own line; ``before_submit`` runs before a
+    new job is submitted (the train stage's retries wait there for the cluster).
     """
     logger = get_run_logger()
     address = context.cluster_address()
@@ -60,18 +78,14 @@ def run_stage_job(
 
     with RayJob(
         address,
-        module_entrypoint(module, config_path),
-        pipeline_run_id=context.flow_run_id,
-        attempt=attempt_number(),
-        stage=stage,
-        env_vars=JOB_ENV | (env_vars or {}),
+        spec,
         headers=ray_headers(address),
         log=log,
         hang_timeout_s=hang_timeout_s,
         progress_probe=progress_probe,
         log_offsets_dir=context.run_dir / "job_logs",  # a retry of this flow run continues the log
         keep_running_on=keep_job_when_stopped(context.jobs_on_stop),
-        **job_options,
+        before_submit=before_submit,
     ) as job:  # the submitter has said which job it submitted or re-attached to
         return job.wait()
 

@@ -23,7 +23,7 @@ from mazerl.merge.output import MergeReport
 from mazerl.tracking.lineage import stage_run
 from mazerl.tracking.mlflow_model import log_merged_model
 from tasks.context import RunContext, ray_headers
-from tasks.jobs import retry_on_infrastructure, run_stage_job, write_request
+from tasks.jobs import retry_on_infrastructure, run_stage_job, stage_job, write_request
 from tasks.stages import timed_stage
 from tasks.training import TrainOutcome
 
@@ -73,12 +73,7 @@ def merge_lora(run: RunContext, trained: TrainOutcome, max_artifact_mb: int) -> 
     logger.info(f"merge_lora: a Ray job asking for {cpus} CPUs (its torch threads) and {need.describe()}")
     with timed_stage(run, "merge_lora"), stage_run(run.tracking_uri, run_id):
         run_stage_job(
-            run,
-            "merge_lora",
-            "mazerl.merge.job_entry",
-            request,
-            entrypoint_memory=need.total_bytes,
-            entrypoint_num_cpus=cpus,
+            run, stage_job(run, "merge_lora", "mazerl.merge.job_entry", request, memory=need.total_bytes, num_cpus=cpus)
         )
         report = MergeReport.read(out_dir)  # its summary is in the job's last line ("merge done: ...") above
         logged = log_merged_model(run.tracking_uri, run_id, report.merged_dir, run.run_dir / "mlflow_model")

@@ -38,7 +38,7 @@ from mazerl.training.progress import TrainingProgress
 from mazerl.training.run_config import check_unedited, record_config
 from mazerl.training.skyrl_backend import placement_bundles
 from tasks.context import RunContext, ray_headers
-from tasks.jobs import attempt_number, retry_on_infrastructure, run_stage_job
+from tasks.jobs import attempt_number, retry_on_infrastructure, run_stage_job, stage_job
 from tasks.stages import timed_stage
 
 ENTRYPOINTS = {"local": "mazerl.training.local_entry", "skyrl": "mazerl.training.skyrl_entry"}
@@ -104,12 +104,18 @@ def _train(run: RunContext, params: PipelineParams, baseline: EvalReport | None)
         log_config_file(run.tracking_uri, run_id, config_path)
         if baseline is not None and config.eval_interval:
             greedy_baseline = log_baseline_as_step_zero(run.tracking_uri, run_id, baseline, config.eval_mazes)
-        outcome = run_stage_job(
+        job = stage_job(
             run,
             "train",
             ENTRYPOINTS[config.backend],
             config_path,
             env_vars={"MLFLOW_TRACKING_URI": run.tracking_uri, "MLFLOW_RUN_ID": run_id} | _backend_env(run, config),
+            identity=config.identity(),
+            num_gpus=params.local_train_gpus or None,
+        )
+        outcome = run_stage_job(
+            run,
+            job,
             hang_timeout_s=params.hang_timeout_s,
             progress_probe=progress,
             on_line=on_line,
@@ -118,8 +124,6 @@ def _train(run: RunContext, params: PipelineParams, baseline: EvalReport | None)
                 baseline=greedy_baseline,
                 total_left=(lambda left: clock.left_text("train", left)) if run.stage_keys else None,
             ),
-            identity=config.identity(),
-            entrypoint_num_gpus=params.local_train_gpus or None,
             before_submit=partial(_wait_for_the_cluster, run, params, config, attempt, logger) if attempt > 1 else None,
         )
         trained_by = outcome.metadata.get(META_IDENTITY_PREFIX + "run_id", config.run_id)

@@ -28,6 +28,7 @@ from mazerl.cluster.head.local import (
     start_local_head,
 )
 from mazerl.cluster.head.temp_dir import REGISTRY_NAME
+from mazerl.cluster.jobs.spec import JobSpec
 from mazerl.cluster.jobs.submitter import RayJob
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
@@ -50,9 +51,7 @@ def script_job(head, script, run: str | None = None, **options) -> RayJob:
     """A Ray job on ``head`` that runs ``script`` with this Python, its log discarded."""
     return RayJob(
         head.address,
-        f"{sys.executable} {script}",
-        pipeline_run_id=run or f"t{uuid.uuid4().hex[:8]}",
-        attempt=1,
+        JobSpec(f"{sys.executable} {script}", pipeline_run_id=run or f"t{uuid.uuid4().hex[:8]}", attempt=1),
         headers=head.auth_headers(),
         log=lambda _line: None,
         **options,

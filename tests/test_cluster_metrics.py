@@ -9,7 +9,7 @@ import time
 import urllib.request
 import uuid
 
-from mazerl.cluster.jobs.spec import project_root
+from mazerl.cluster.jobs.spec import JobSpec, project_root
 from mazerl.cluster.jobs.submitter import RayJob
 from mazerl.cluster.metrics import GAUGES, PROMETHEUS_NAMES
 
@@ -42,9 +42,7 @@ def test_gauges_reach_the_nodes_prometheus_endpoint(local_ray_head, tmp_path):
     )
     job = RayJob(
         local_ray_head.address,
-        f"python {script}",
-        pipeline_run_id=run,
-        attempt=1,
+        JobSpec(f"python {script}", pipeline_run_id=run, attempt=1),
         headers=local_ray_head.auth_headers(),
         log=lambda _line: None,
     )

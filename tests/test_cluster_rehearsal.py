@@ -360,6 +360,7 @@ PLACEMENT_SCRIPT = textwrap.dedent(
 def test_rehearsal_no_gpu_skyrls_placement_group_for_the_hyperpod_config_puts_two_gpus_on_each_worker(
     cluster, tmp_path
 ):
+    from mazerl.cluster.jobs.spec import JobSpec
     from mazerl.cluster.jobs.submitter import RayJob
     from mazerl.training.skyrl_backend import placement_bundles
 
@@ -373,10 +374,7 @@ def test_rehearsal_no_gpu_skyrls_placement_group_for_the_hyperpod_config_puts_tw
     entrypoint = f"{sys.executable} {script} '{json.dumps([bundles, strategy])}'"
     with RayJob(
         cluster.address,
-        entrypoint,
-        pipeline_run_id="placement",
-        attempt=1,
-        stage="probe",
+        JobSpec(entrypoint, pipeline_run_id="placement", attempt=1, stage="probe"),
         headers=cluster.headers(),
         log=lines.append,
     ) as job:
@@ -388,6 +386,7 @@ def test_rehearsal_no_gpu_skyrls_placement_group_for_the_hyperpod_config_puts_tw
 
 
 def test_rehearsal_no_gpu_a_job_asking_for_more_memory_than_the_head_has_starts_on_a_worker_that_has_it(cluster):
+    from mazerl.cluster.jobs.spec import JobSpec
     from mazerl.cluster.jobs.submitter import RayJob
 
     # given the manifest's memory (head 420 GiB, GPU workers 440 GiB), when a job asks for 430 GiB
@@ -395,13 +394,9 @@ def test_rehearsal_no_gpu_a_job_asking_for_more_memory_than_the_head_has_starts_
     asked = (cluster.head_shape["memory_bytes"] + cluster.worker_shape["memory_bytes"]) // 2
     with RayJob(
         cluster.address,
-        f"{sys.executable} -c 'print(1)'",
-        pipeline_run_id="memory",
-        attempt=1,
-        stage="probe",
+        JobSpec(f"{sys.executable} -c 'print(1)'", pipeline_run_id="memory", attempt=1, stage="probe", memory=asked),
         headers=cluster.headers(),
         log=lambda _line: None,
-        entrypoint_memory=asked,
     ) as job:
         outcome = job.wait()
     # then Ray starts it on a node with that much memory: a GPU worker, not the head.

@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from mazerl.cluster.errors import ClusterAccessError
+from mazerl.cluster.jobs.spec import JobSpec
 from mazerl.cluster.jobs.submitter import RayJob
 
 KUBE_TOKEN = "kube-bearer-token"
@@ -187,9 +188,7 @@ def test_expired_sagemaker_session_is_renewed_and_the_same_job_followed_real_too
     lines: list[str] = []
     job = RayJob(
         "sagemaker_ray://mazerl/mazerl",
-        f"{sys.executable} {script}",
-        pipeline_run_id=f"s{uuid.uuid4().hex[:10]}",
-        attempt=1,
+        JobSpec(f"{sys.executable} {script}", pipeline_run_id=f"s{uuid.uuid4().hex[:10]}", attempt=1),
         log=lines.append,
         poll_s=0.25,
     )
@@ -220,9 +219,7 @@ def test_a_renewed_session_refused_at_once_is_an_access_error_real_toolkit_stubb
     script.write_text(JOB)
     job = RayJob(
         "sagemaker_ray://mazerl/mazerl",
-        f"{sys.executable} {script}",
-        pipeline_run_id=f"s{uuid.uuid4().hex[:10]}",
-        attempt=1,
+        JobSpec(f"{sys.executable} {script}", pipeline_run_id=f"s{uuid.uuid4().hex[:10]}", attempt=1),
         log=lambda _line: None,
         poll_s=0.25,
     )

@@ -207,6 +207,7 @@ def process_environment(pid: int) -> str:
 
 
 def test_no_secret_of_the_users_shell_reaches_the_head_or_a_jobs_environment(secret_env, secret_head, tmp_path):
+    from mazerl.cluster.jobs.spec import JobSpec
     from mazerl.cluster.jobs.submitter import RayJob
 
     # Given a head started from a shell holding cloud credentials and tokens,
@@ -216,9 +217,7 @@ def test_no_secret_of_the_users_shell_reaches_the_head_or_a_jobs_environment(sec
     # when a job runs on it,
     with RayJob(
         secret_head.address,
-        f"python {script}",
-        pipeline_run_id="envdump",
-        attempt=1,
+        JobSpec(f"python {script}", pipeline_run_id="envdump", attempt=1),
         headers=secret_head.auth_headers(),
         log=lines.append,
     ) as job:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from mazerl.cluster.errors import ConfigError, JobConfigError, RetryableJobError
-from mazerl.cluster.jobs.spec import local_runtime_env, module_entrypoint, runtime_env_for, submission_id_for
+from mazerl.cluster.jobs.spec import JobSpec, local_runtime_env, module_entrypoint, runtime_env_for, submission_id_for
 from mazerl.cluster.jobs.submitter import RayJob
 from mazerl.training.progress import TrainingProgress
 
@@ -103,7 +103,11 @@ def job(head, script: Path, *args: str, run: str, attempt: int = 1, lines: list[
     entrypoint = " ".join([sys.executable, str(script), *args])
     sink = lines.append if lines is not None else (lambda _line: None)
     return RayJob(
-        head.address, entrypoint, pipeline_run_id=run, attempt=attempt, headers=head.auth_headers(), log=sink, **kwargs
+        head.address,
+        JobSpec(entrypoint, pipeline_run_id=run, attempt=attempt),
+        headers=head.auth_headers(),
+        log=sink,
+        **kwargs,
     )
 
 
@@ -142,6 +146,19 @@ def test_submission_id_is_deterministic_per_run_and_attempt():
 def test_submission_id_rejects_bad_input_naming_the_parameter(run, attempt, stage, names):
     with pytest.raises(ConfigError, match=names):
         submission_id_for(run, attempt, stage)
+
+
+@pytest.mark.parametrize(
+    ("fields", "names"),
+    [
+        ({"entrypoint": " "}, "entrypoint is empty"),
+        ({"pipeline_run_id": "a b"}, "pipeline_run_id"),
+        ({"attempt": 0}, "attempt"),
+    ],
+)
+def test_a_job_spec_that_makes_no_sense_is_refused_when_built(fields, names):
+    with pytest.raises(ConfigError, match=names):
+        JobSpec(**({"entrypoint": "python -m m", "pipeline_run_id": "ok", "attempt": 1} | fields))
 
 
 @pytest.mark.parametrize(
@@ -270,10 +287,11 @@ def test_reattaches_to_the_running_job_of_the_same_run_instead_of_a_second(local
 # An orchestrator attempt in its own process, so that the test can SIGKILL it mid-job.
 FOLLOWER = """
 import json, sys
+from mazerl.cluster.jobs.spec import JobSpec
 from mazerl.cluster.jobs.submitter import RayJob
 
 address, entrypoint, run, offsets, token = sys.argv[1:6]
-job = RayJob(address, entrypoint, pipeline_run_id=run, attempt=1, log=lambda line: print(line, flush=True),
+job = RayJob(address, JobSpec(entrypoint, pipeline_run_id=run, attempt=1), log=lambda line: print(line, flush=True),
              headers={"Authorization": f"Bearer {token}"}, log_offsets_dir=offsets)
 with job:
     job.wait()
@@ -352,9 +370,7 @@ def test_job_killed_mid_run_is_retryable(local_ray_head, scripts):
 
     running = RayJob(
         local_ray_head.address,
-        f"{sys.executable} {scripts / 'victim.py'}",
-        pipeline_run_id=run_id(),
-        attempt=1,
+        JobSpec(f"{sys.executable} {scripts / 'victim.py'}", pipeline_run_id=run_id(), attempt=1),
         headers=local_ray_head.auth_headers(),
         log=kill_on_pid,
     )
@@ -374,9 +390,7 @@ def test_cancelling_the_caller_stops_the_ray_job(local_ray_head, scripts):
 
     running = RayJob(
         local_ray_head.address,
-        f"{sys.executable} {scripts / 'hang.py'}",
-        pipeline_run_id=run_id(),
-        attempt=1,
+        JobSpec(f"{sys.executable} {scripts / 'hang.py'}", pipeline_run_id=run_id(), attempt=1),
         headers=local_ray_head.auth_headers(),
         log=cancel_on_first_step,
     )
@@ -408,9 +422,7 @@ def test_a_stopped_caller_keeps_its_job_for_a_retry_and_an_abandoned_run_loses_i
     run = run_id()
     running = RayJob(
         local_ray_head.address,
-        f"{sys.executable} {scripts / 'hang.py'}",
-        pipeline_run_id=run,
-        attempt=1,
+        JobSpec(f"{sys.executable} {scripts / 'hang.py'}", pipeline_run_id=run, attempt=1),
         headers=local_ray_head.auth_headers(),
         log=stopped_on_first_step,
         keep_running_on=lambda exc: "its retry re-attaches" if isinstance(exc, Cancelled) else None,
@@ -452,10 +464,12 @@ def test_a_training_job_runs_a_module_entrypoint_with_the_config(local_ray_head,
     lines: list[str] = []
     with RayJob(
         local_ray_head.address,
-        module_entrypoint("fake_entry", config),
-        pipeline_run_id=run_id(),
-        attempt=1,
-        runtime_env={"env_vars": {"PYTHONPATH": f"{project_root()}{os.pathsep}{tmp_path}"}},
+        JobSpec(
+            module_entrypoint("fake_entry", config),
+            pipeline_run_id=run_id(),
+            attempt=1,
+            runtime_env={"env_vars": {"PYTHONPATH": f"{project_root()}{os.pathsep}{tmp_path}"}},
+        ),
         headers=local_ray_head.auth_headers(),
         log=lines.append,
     ) as job:
@@ -477,9 +491,9 @@ def test_unreachable_address_is_retryable_and_names_it():
         pytest.raises(RetryableJobError) as caught,
         RayJob(
             address,
-            module_entrypoint("mazerl.training.local_entry", "/tmp/c.json"),
-            pipeline_run_id=run_id(),
-            attempt=1,
+            JobSpec(
+                module_entrypoint("mazerl.training.local_entry", "/tmp/c.json"), pipeline_run_id=run_id(), attempt=1
+            ),
         ) as job,
     ):
         job.wait()

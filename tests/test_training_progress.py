@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from mazerl.cluster.errors import RetryableJobError
+from mazerl.cluster.jobs.spec import JobSpec
 from mazerl.cluster.jobs.submitter import RayJob
 from mazerl.progress import annotate_step_line, parse_step_line, step_line
 from mazerl.training import checkpoints
@@ -144,9 +145,11 @@ def replay_script(tmp_path_factory) -> Path:
 def replay_job(head, script: Path, gap_s: float, stall_after: int, hang_timeout_s: float) -> RayJob:
     return RayJob(
         head.address,
-        f"{sys.executable} {script} {CAPTURED} {gap_s} {stall_after}",
-        pipeline_run_id=f"p{uuid.uuid4().hex[:10]}",
-        attempt=1,
+        JobSpec(
+            f"{sys.executable} {script} {CAPTURED} {gap_s} {stall_after}",
+            pipeline_run_id=f"p{uuid.uuid4().hex[:10]}",
+            attempt=1,
+        ),
         headers=head.auth_headers(),
         log=lambda _line: None,
         hang_timeout_s=hang_timeout_s,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from mazerl.atomic import write_json
 from mazerl.cluster.client import ray_headers
-from mazerl.cluster.jobs.spec import module_entrypoint
+from mazerl.cluster.jobs.spec import JobSpec, module_entrypoint
 from mazerl.cluster.jobs.submitter import RayJob
 from mazerl.eval_files import SUMMARY_FILE
 from mazerl.evaluation.settings import EvalSettings, eval_request
@@ -60,11 +60,13 @@ def evaluate_as_job(
     request_path = write_json(out_dir / REQUEST_FILE, request)
     with RayJob(
         address,
-        module_entrypoint(JOB_MODULE, request_path),
-        pipeline_run_id=f"eval-{uuid.uuid4().hex[:12]}",  # one command, one job: no re-attach across commands
-        attempt=1,
-        stage="eval",
-        env_vars={"HF_HUB_DISABLE_PROGRESS_BARS": "1"},
+        JobSpec(
+            module_entrypoint(JOB_MODULE, request_path),
+            pipeline_run_id=f"eval-{uuid.uuid4().hex[:12]}",  # one command, one job: no re-attach across commands
+            attempt=1,
+            stage="eval",
+            env_vars={"HF_HUB_DISABLE_PROGRESS_BARS": "1"},
+        ),
         headers=ray_headers(address),
         log=log,
     ) as job:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mazerl.cluster.errors import ConfigError, ResourcesUnavailableError
+from mazerl.cluster.jobs.spec import JobSpec
 from mazerl.cluster.jobs.submitter import RayJob
 
 RESULT_PREFIX = "MAZERL_CAPACITY_RESULT "
@@ -243,11 +244,13 @@ def wait_for_resources(
     entrypoint = f"python -m mazerl.cluster.jobs.capacity {shlex.quote(json.dumps(request))}"
     with RayJob(
         address,
-        entrypoint,
-        pipeline_run_id=pipeline_run_id,
-        attempt=attempt,
-        stage=f"{stage}-resources",
-        runtime_env=runtime_env,
+        JobSpec(
+            entrypoint,
+            pipeline_run_id=pipeline_run_id,
+            attempt=attempt,
+            stage=f"{stage}-resources",
+            runtime_env=runtime_env,
+        ),
         headers=headers,
         log=follow,
         poll_s=1.0,

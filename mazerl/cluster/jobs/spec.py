@@ -3,7 +3,8 @@
 The submission id is deterministic (``mazerl-<pipeline run>-<stage>-a<attempt>``) and every job
 carries the ``META_*`` metadata keys, so a re-run finds its own jobs; every job is started as
 ``exec python -m <module> --config <file>`` (:func:`module_entrypoint`); a job on a head on this
-machine gets this checkout on its ``PYTHONPATH`` (:func:`runtime_env_for`). :class:`RayJob`
+machine gets this checkout on its ``PYTHONPATH`` (:func:`runtime_env_for`). A :class:`JobSpec` is one
+stage's job; :class:`RayJob`
 (:mod:`mazerl.cluster.jobs.submitter`) submits and follows it.
 """
 
@@ -11,8 +12,9 @@ from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlparse
 
 from mazerl.cluster.client import parse_address
@@ -30,6 +32,40 @@ ACTIVE = frozenset({"PENDING", "RUNNING"})
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 _ID_CHARS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What one stage's Ray job is: its command, whose attempt it is, and what it asks of the cluster.
+
+    ``runtime_env`` "auto": this checkout on ``PYTHONPATH`` for a head on this machine, nothing for a
+    remote cluster (its image has the project); ``env_vars`` are added to it. ``num_cpus`` go to the
+    job's driver (and its ``OMP_NUM_THREADS``); ``memory`` (bytes) starts it on a node that has it.
+    ``identity`` marks a training, so another pipeline run's job of the same training is re-attached to.
+    """
+
+    entrypoint: str
+    pipeline_run_id: str
+    attempt: int
+    stage: str = "train"
+    runtime_env: dict[str, Any] | None | Literal["auto"] = "auto"
+    env_vars: dict[str, str] | None = None
+    num_gpus: float | None = None
+    num_cpus: float | None = None
+    memory: int | None = None
+    identity: dict[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.entrypoint, str) or not self.entrypoint.strip():
+            raise ConfigError(
+                "entrypoint is empty: give the command the job runs, e.g. python -m <module> --config <file>"
+            )
+        submission_id_for(self.pipeline_run_id, self.attempt, self.stage)  # refuses a bad id part, naming it
+
+    @property
+    def submission_id(self) -> str:
+        """The id of this attempt's first submission (a resubmission adds ``-r<k>``)."""
+        return submission_id_for(self.pipeline_run_id, self.attempt, self.stage)
 
 
 def submission_id_for(pipeline_run_id: str, attempt: int, stage: str = "train") -> str:

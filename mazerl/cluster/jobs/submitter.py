@@ -67,7 +67,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from mazerl.cluster.client import auth_refused, job_client, parse_address
 from mazerl.cluster.errors import ClusterAccessError, ConfigError, RetryableJobError
@@ -79,11 +79,11 @@ from mazerl.cluster.jobs.spec import (
     ACTIVE,
     META_RUN,
     TERMINAL,
+    JobSpec,
     job_metadata,
     job_status,
     merged_runtime_env,
     runtime_env_for,
-    submission_id_for,
     submission_metadata,
 )
 
@@ -95,11 +95,9 @@ LogFn = Callable[[str], None]
 
 
 def _check_arguments(
-    entrypoint: str, hang_timeout_s: float | None, progress_probe: object, poll_s: float, unreachable_grace_s: float
+    hang_timeout_s: float | None, progress_probe: object, poll_s: float, unreachable_grace_s: float
 ) -> None:
     """RayJob's arguments that make no sense, refused before any address is parsed or client built."""
-    if not isinstance(entrypoint, str) or not entrypoint.strip():
-        raise ConfigError("entrypoint is empty: give the command the job runs, e.g. python -m <module> --config <file>")
     if hang_timeout_s is not None and not hang_timeout_s > 0:
         raise ConfigError(f"hang_timeout_s ({hang_timeout_s}) must be > 0 seconds, or None to disable the watchdog")
     if hang_timeout_s is not None and progress_probe is None:
@@ -119,46 +117,33 @@ class RayJob:
 
     Use it as a context manager so that leaving the block early stops the job::
 
-        with RayJob(address, entrypoint, pipeline_run_id=run, attempt=n, log=print) as job:
+        with RayJob(address, JobSpec(entrypoint, pipeline_run_id=run, attempt=n), log=print) as job:
             outcome = job.wait()
     """
 
     def __init__(
         self,
         address: str,
-        entrypoint: str,
+        spec: JobSpec,
         *,
-        pipeline_run_id: str,
-        attempt: int,
-        stage: str = "train",
-        runtime_env: dict[str, Any] | None | Literal["auto"] = "auto",
-        env_vars: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
         log: LogFn | None = None,
         hang_timeout_s: float | None = None,
         progress_probe: JobProgress | None = None,
         poll_s: float = 0.5,
         unreachable_grace_s: float = 20.0,
-        entrypoint_num_gpus: float | None = None,
-        entrypoint_num_cpus: float | None = None,
-        entrypoint_memory: int | None = None,
-        identity: dict[str, str] | None = None,
         log_offsets_dir: str | Path | None = None,
         keep_running_on: Callable[[BaseException], str | None] | None = None,
         before_submit: Callable[[], None] | None = None,
     ):
-        _check_arguments(entrypoint, hang_timeout_s, progress_probe, poll_s, unreachable_grace_s)
+        _check_arguments(hang_timeout_s, progress_probe, poll_s, unreachable_grace_s)
         parsed = parse_address(address)
         self.address = parsed.value
         self._renews_sessions = parsed.is_sagemaker  # its session cookie expires; a new client gets a new one
-        if runtime_env == "auto":
-            runtime_env = runtime_env_for(self.address)
-        self.entrypoint = entrypoint
-        self.pipeline_run_id = pipeline_run_id
-        self.attempt = attempt
-        self.stage = stage
-        self.base_submission_id = submission_id_for(pipeline_run_id, attempt, stage)
-        self.runtime_env = merged_runtime_env(runtime_env, env_vars)
+        self.spec = spec
+        self.base_submission_id = spec.submission_id
+        runtime_env = runtime_env_for(self.address) if spec.runtime_env == "auto" else spec.runtime_env
+        self.runtime_env = merged_runtime_env(runtime_env, spec.env_vars)
         self.headers = dict(headers) if headers else None
         self.log: LogFn = log or logger.info
         self.hang_timeout_s = hang_timeout_s
@@ -166,11 +151,7 @@ class RayJob:
         self._watchdog = HangWatchdog(progress_probe, hang_timeout_s) if hang_timeout_s is not None else None
         self.poll_s = poll_s
         self.unreachable_grace_s = unreachable_grace_s
-        self.entrypoint_num_gpus = entrypoint_num_gpus
-        self.entrypoint_num_cpus = entrypoint_num_cpus  # the job's driver gets them (and its OMP_NUM_THREADS)
-        self.entrypoint_memory = entrypoint_memory  # bytes: Ray starts the job on a node that has them
         self.before_submit = before_submit  # runs only when a new job is about to be submitted
-        self.identity = dict(identity) if identity is not None else None
         self.metadata: dict[str, str] = {}
         self.submission_id: str | None = None
         self.reattached = False
@@ -205,7 +186,7 @@ class RayJob:
         # a second pass if a concurrent caller submitted the same id first; one more after before_submit
         for _ in range(3):
             jobs = self._call(self._client.list_jobs)
-            mine = run_jobs(jobs, self.pipeline_run_id, self.stage)
+            mine = run_jobs(jobs, self.spec.pipeline_run_id, self.spec.stage)
             active = by_start(j for j in mine if job_status(j) in ACTIVE)
             if active:
                 return self._attach(active)
@@ -215,7 +196,11 @@ class RayJob:
                 self.metadata = job_metadata(done)
                 self.log(f"job {done.submission_id} at {self.address} already SUCCEEDED; not running it again")
                 return done.submission_id
-            others = other_runs_active(jobs, self.pipeline_run_id, self.stage) if self.identity is not None else []
+            others = (
+                other_runs_active(jobs, self.spec.pipeline_run_id, self.spec.stage)
+                if self.spec.identity is not None
+                else []
+            )
             if others:
                 return self._attach_other_run(others)
             if self.before_submit is not None:  # e.g. wait until the cluster has what the job asks for
@@ -316,57 +301,57 @@ class RayJob:
 
     def _submit(self, submission_id: str) -> None:
         options: dict[str, Any] = {}
-        if self.entrypoint_num_gpus is not None:
-            options["entrypoint_num_gpus"] = self.entrypoint_num_gpus
-        if self.entrypoint_num_cpus is not None:
-            options["entrypoint_num_cpus"] = self.entrypoint_num_cpus
-        if self.entrypoint_memory is not None:
-            options["entrypoint_memory"] = int(self.entrypoint_memory)
+        if self.spec.num_gpus is not None:
+            options["entrypoint_num_gpus"] = self.spec.num_gpus
+        if self.spec.num_cpus is not None:
+            options["entrypoint_num_cpus"] = self.spec.num_cpus
+        if self.spec.memory is not None:
+            options["entrypoint_memory"] = int(self.spec.memory)
         metadata = submission_metadata(
-            self.pipeline_run_id,
-            self.stage,
-            self.attempt,
-            self.identity,
-            self.entrypoint_memory,
-            self.entrypoint_num_cpus,
+            self.spec.pipeline_run_id,
+            self.spec.stage,
+            self.spec.attempt,
+            self.spec.identity,
+            self.spec.memory,
+            self.spec.num_cpus,
         )
         self._call(
             self._client.submit_job,
-            entrypoint=self.entrypoint,
+            entrypoint=self.spec.entrypoint,
             submission_id=submission_id,
             runtime_env=self.runtime_env,
             metadata=metadata,
             **options,
         )
         self.submission_id, self.metadata = submission_id, metadata
-        self.log(f"submitted Ray job {submission_id} to {self.address}: {self.entrypoint}")
+        self.log(f"submitted Ray job {submission_id} to {self.address}: {self.spec.entrypoint}")
 
     def _attach(self, active: list) -> str:
         keep, extras = active[-1], active[:-1]
         for extra in extras:  # two trainers on one checkpoint dir would corrupt it
             self._call(self._client.stop_job, extra.submission_id)
-            self.log(f"stopped duplicate Ray job {extra.submission_id} of pipeline run {self.pipeline_run_id}")
+            self.log(f"stopped duplicate Ray job {extra.submission_id} of pipeline run {self.spec.pipeline_run_id}")
         self.submission_id, self.reattached, self.metadata = keep.submission_id, True, job_metadata(keep)
         self.log(
-            f"re-attached to {job_status(keep)} Ray job {keep.submission_id} of pipeline run {self.pipeline_run_id} "
+            f"re-attached to {job_status(keep)} Ray job {keep.submission_id} of pipeline run {self.spec.pipeline_run_id} "
             f"at {self.address} instead of submitting a second one"
         )
         return keep.submission_id
 
     def _attach_other_run(self, others: list) -> str:
         """Follow another pipeline run's job of this stage if it is the same training, else refuse."""
-        same = [j for j in others if same_training(j, self.identity)]
+        same = [j for j in others if same_training(j, self.spec.identity)]
         if same:
             keep = same[-1]
             self.submission_id, self.reattached, self.metadata = keep.submission_id, True, job_metadata(keep)
             self.log(
                 f"re-attached to {job_status(keep)} Ray job {keep.submission_id} of pipeline run "
                 f"{job_metadata(keep).get(META_RUN)} at {self.address}: the same training (settings digest "
-                f"{self.identity.get('config_digest', '?')[:12]}, data root {self.identity.get('data_root')}) "
+                f"{self.spec.identity.get('config_digest', '?')[:12]}, data root {self.spec.identity.get('data_root')}) "
                 "started by an earlier flow run; following it instead of starting a second one"
             )
             return keep.submission_id
-        raise conflict_error(others[-1], self.identity, self.stage, self.address)
+        raise conflict_error(others[-1], self.spec.identity, self.spec.stage, self.address)
 
     def _call(self, fn: Callable, *args, **kwargs):
         """A client call whose connection failure becomes a retryable error naming the address."""
