@@ -49,6 +49,15 @@ def _history_text(value: str) -> int | str:
     return value if value == "feedback" else _history(value)
 
 
+class _StoreWithFlag(argparse.Action):
+    """Store the value and the flag it came by (``<dest>_flag``), so that an error names what the user
+    typed, an old alias included."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_flag", option_string)
+
+
 def add_eval_command(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("eval", help="evaluate a model greedily on an eval set (Ray workers)")
     parser.add_argument("--model", required=True, help="Hugging Face model directory (e.g. the starter)")
@@ -59,9 +68,17 @@ def add_eval_command(subparsers: argparse._SubParsersAction) -> None:
         help="eval set name; default: the starter's set for the starter, else maze64-easy-v1",
     )
     # the names `mazerl run` and the pipeline parameters use; the short old ones stay as aliases
-    parser.add_argument("--eval-engine", "--engine", dest="engine", choices=("hf", "vllm"), default="hf")
     parser.add_argument(
-        "--eval-workers", "--workers", dest="workers", type=int, default=2, help="parallel Ray workers (default 2)"
+        "--eval-engine", "--engine", dest="engine", choices=("hf", "vllm"), default="hf", action=_StoreWithFlag
+    )
+    parser.add_argument(
+        "--eval-workers",
+        "--workers",
+        dest="workers",
+        type=int,
+        default=2,
+        action=_StoreWithFlag,
+        help="parallel Ray workers (default 2)",
     )
     parser.add_argument("--out", default=None, help="output directory; default <data root>/evals/<model>/<set>")
     parser.add_argument("--gifs", type=int, default=4, help="episode GIFs to write (half solved, half failed)")
@@ -71,6 +88,7 @@ def add_eval_command(subparsers: argparse._SubParsersAction) -> None:
         dest="max_mazes",
         type=int,
         default=None,
+        action=_StoreWithFlag,
         help="evaluate only the first N mazes",
     )
     parser.add_argument(
@@ -88,7 +106,12 @@ def add_eval_command(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--data-root", default=None, help="data root (default $MAZERL_HOME or ./.mazerl)")
-    parser.set_defaults(func=run_eval_command)
+    parser.set_defaults(
+        func=run_eval_command,
+        engine_flag="--eval-engine",
+        workers_flag="--eval-workers",
+        max_mazes_flag="--max-eval-mazes",
+    )
 
 
 def check_eval_flags(args: argparse.Namespace) -> tuple[Path, str, Path]:
@@ -97,8 +120,8 @@ def check_eval_flags(args: argparse.Namespace) -> tuple[Path, str, Path]:
     The cheap checks come first; reading the model's config imports transformers (and torch).
     """
     for flag, value, minimum in (
-        ("--eval-workers", args.workers, 1),
-        ("--max-eval-mazes", args.max_mazes, 1),
+        (args.workers_flag, args.workers, 1),
+        (args.max_mazes_flag, args.max_mazes, 1),
         ("--max-new-tokens", args.max_new_tokens, 1),
         ("--gifs", args.gifs, 0),
     ):
@@ -116,7 +139,7 @@ def check_eval_flags(args: argparse.Namespace) -> tuple[Path, str, Path]:
         load(eval_set)
     except EvalSetError as exc:
         raise InputError("--eval-set", f"--eval-set {eval_set}: {exc}") from exc
-    check_max_eval_mazes(args.max_mazes, eval_set, "--max-eval-mazes")
+    check_max_eval_mazes(args.max_mazes, eval_set, args.max_mazes_flag)
     if args.adapter is not None:
         check_adapter(Path(args.adapter).expanduser(), field="--adapter")
     root_field = check_root_env(args.data_root)
@@ -129,13 +152,13 @@ def check_eval_flags(args: argparse.Namespace) -> tuple[Path, str, Path]:
     else:  # evaluate() then connects to RAY_ADDRESS when it is set (Ray's own variable)
         check_ray_address_env()
     check_base_model(model, field="--model")
-    check_engine(args.engine, args.ray_address)
+    check_engine(args.engine, args.ray_address, args.engine_flag)
     if args.ray_address is None:
         check_temp_dir()  # last: it makes the (private) directory when it is fine
     return model, eval_set, out
 
 
-def check_engine(engine: str, ray_address: str | None) -> None:
+def check_engine(engine: str, ray_address: str | None, flag: str = "--eval-engine") -> None:
     """The engine can run where the eval runs; the one place that decides it.
 
     vLLM's eval workers each ask Ray for a GPU: on the embedded head of a machine without one they
@@ -149,10 +172,10 @@ def check_engine(engine: str, ray_address: str | None) -> None:
 
     if torch.cuda.device_count() == 0:
         raise InputError(
-            "--eval-engine",
-            "--eval-engine vllm: this machine has no GPU, and each vLLM eval worker needs one (on the embedded Ray head "
+            flag,
+            f"{flag} vllm: this machine has no GPU, and each vLLM eval worker needs one (on the embedded Ray head "
             "it would wait for one forever); run it on a machine with a GPU, give --ray-address of a Ray cluster "
-            "with GPUs, or use --eval-engine hf (CPU)",
+            f"with GPUs, or use {flag} hf (CPU)",
         )
 
 

@@ -1151,6 +1151,15 @@ INPUT_CASES = [
         "give --ray-address of a Ray cluster with GPUs, or use --eval-engine hf",
     ),
     InputCase(
+        "eval: --engine vllm (the old name) on a machine without a GPU",
+        lambda i: (
+            i.monkeypatch.setattr("torch.cuda.device_count", lambda: 0),
+            EVAL + ["--model", i.model("ok"), "--engine", "vllm"],
+        )[1],
+        "--engine vllm",
+        "or use --engine hf",
+    ),
+    InputCase(
         "eval: --adapter whose config names another rank",
         lambda i: EVAL + ["--model", i.model("ok"), "--adapter", lora_adapter(i.dir, "rank", config_rank=8)],
         "--adapter",

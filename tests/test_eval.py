@@ -222,6 +222,13 @@ def test_eval_flags_use_the_pipeline_names_and_keep_the_old_ones_as_aliases():
     add_eval_command(parser.add_subparsers())
     new = ["eval", "--model", "m", "--eval-engine", "vllm", "--eval-workers", "3", "--max-eval-mazes", "5"]
     old = ["eval", "--model", "m", "--engine", "vllm", "--workers", "3", "--max-mazes", "5"]
-    parsed_new, parsed_old = vars(parser.parse_args(new)), vars(parser.parse_args(old))
-    assert parsed_new == parsed_old
-    assert (parsed_new["engine"], parsed_new["workers"], parsed_new["max_mazes"]) == ("vllm", 3, 5)
+    parsed_new, parsed_old = parser.parse_args(new), parser.parse_args(old)
+    values = [(parsed.engine, parsed.workers, parsed.max_mazes) for parsed in (parsed_new, parsed_old)]
+    assert values == [("vllm", 3, 5)] * 2
+    # an error names the flag as the user typed it
+    assert (parsed_old.workers_flag, parsed_old.max_mazes_flag, parsed_old.engine_flag) == (
+        "--workers",
+        "--max-mazes",
+        "--engine",
+    )
+    assert parser.parse_args(["eval", "--model", "m"]).max_mazes_flag == "--max-eval-mazes"
