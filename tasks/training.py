@@ -23,7 +23,7 @@ from mazerl.cluster.checks.run_requirements import inference_start_timeout_s
 from mazerl.cluster.errors import ResourcesUnavailableError
 from mazerl.cluster.jobs import capacity
 from mazerl.cluster.jobs.capacity import ResourceNeed, wait_for_resources
-from mazerl.cluster.jobs.spec import META_IDENTITY_PREFIX
+from mazerl.cluster.jobs.spec import META_IDENTITY_PREFIX, JobSpec
 from mazerl.evaluation.evaluate import EvalReport
 from mazerl.merge.memory import weights_bytes
 from mazerl.params import PipelineParams
@@ -86,6 +86,21 @@ def train(run: RunContext, params: PipelineParams, baseline: EvalReport | None =
     return outcome
 
 
+def _train_job(run: RunContext, params: PipelineParams, config: TrainConfig, config_path: Path) -> JobSpec:
+    """The backend's entrypoint as this attempt's job: its MLflow run, the backend's environment, the
+    training's identity (a re-run re-attaches to the same training) and the GPUs it asks for."""
+    return stage_job(
+        run,
+        "train",
+        ENTRYPOINTS[config.backend],
+        config_path,
+        env_vars={"MLFLOW_TRACKING_URI": run.tracking_uri, "MLFLOW_RUN_ID": config.mlflow.run_id}
+        | _backend_env(run, config),
+        identity=config.identity(),
+        num_gpus=params.local_train_gpus or None,
+    )
+
+
 def _train(run: RunContext, params: PipelineParams, baseline: EvalReport | None) -> TrainOutcome:
     logger = get_run_logger()
     run_id = run.stage_run_id("train")
@@ -104,18 +119,9 @@ def _train(run: RunContext, params: PipelineParams, baseline: EvalReport | None)
         log_config_file(run.tracking_uri, run_id, config_path)
         if baseline is not None and config.eval_interval:
             greedy_baseline = log_baseline_as_step_zero(run.tracking_uri, run_id, baseline, config.eval_mazes)
-        job = stage_job(
-            run,
-            "train",
-            ENTRYPOINTS[config.backend],
-            config_path,
-            env_vars={"MLFLOW_TRACKING_URI": run.tracking_uri, "MLFLOW_RUN_ID": run_id} | _backend_env(run, config),
-            identity=config.identity(),
-            num_gpus=params.local_train_gpus or None,
-        )
         outcome = run_stage_job(
             run,
-            job,
+            _train_job(run, params, config, config_path),
             hang_timeout_s=params.hang_timeout_s,
             progress_probe=progress,
             on_line=on_line,
