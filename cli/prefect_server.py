@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from mazerl.cluster.head.loopback import LOOPBACK, free_ports
+from mazerl.cluster.head.process import log_tail
 
 OWNER_ENV = "MAZERL_PREFECT_OWNER"
 SERVER_APP = "prefect.server.api.server:create_app"  # in the command line of the temporary server
@@ -103,7 +104,7 @@ def _start(prefect_home: Path, timeout_s: float) -> tuple[subprocess.Popen, str]
             stop(process)
             raise PrefectServerError(
                 f"Prefect's server for this run did not answer at {url} within {timeout_s:.0f} s "
-                f"(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS); its log: {log_path}\n{_tail(log_path)}"
+                f"(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS); its log: {log_path}\n{log_tail(log_path)}"
             )
     raise PrefectServerError(f"Prefect's server found no free port on {LOOPBACK} in 3 tries; its log: {log_path}")
 
@@ -170,10 +171,3 @@ def stop_orphaned_servers(prefect_home: str | None, log: Callable[[str], None]) 
         log(f"stopped the temporary Prefect server (pid {process.pid}) that a killed mazerl run (pid {owner}) left")
         stopped.append(process.pid)
     return stopped
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"

@@ -45,7 +45,7 @@ class MergedModel:
     retry_condition_fn=retry_on_infrastructure,
     persist_result=True,
 )
-def merge_lora(run: RunContext, trained: TrainOutcome, max_artifact_mb: int) -> MergedModel:
+def merge_lora(run: RunContext, trained: TrainOutcome, max_artifact_mb: float) -> MergedModel:
     """Run the merge job on a node with the memory it needs; upload the merged model to MLflow
     (as files up to ``max_artifact_mb``; a larger model is registered by its path)."""
     logger = get_run_logger()

@@ -50,7 +50,7 @@ from mazerl.atomic import write_json
 from mazerl.cluster.head.env import head_env
 from mazerl.cluster.head.leases import live_leases, release_lease, take_lease
 from mazerl.cluster.head.loopback import LOOPBACK, free_ports, is_loopback_ip, port_free
-from mazerl.cluster.head.process import is_our_head_process, kill_group, process_group_alive
+from mazerl.cluster.head.process import is_our_head_process, kill_group, log_tail, process_group_alive
 from mazerl.cluster.head.temp_dir import (
     HEAD_LOG_NAME,
     LOCK_NAME,
@@ -398,13 +398,13 @@ def _wait_until_answering(
         if process.poll() is not None:
             raise LocalRayError(
                 f"the local Ray head exited with code {process.returncode} while starting; "
-                f"last lines of {log_path}:\n{_tail(log_path)}"
+                f"last lines of {log_path}:\n{log_tail(log_path)}"
             )
         if time.monotonic() > deadline:
             kill_group(process.pid)
             raise LocalRayError(
                 f"the local Ray head did not answer at {address} within {timeout_s:.0f} s; "
-                f"last lines of {log_path}:\n{_tail(log_path)}"
+                f"last lines of {log_path}:\n{log_tail(log_path)}"
             )
         time.sleep(0.25)
 
@@ -430,10 +430,3 @@ def _answers(address: str, headers: dict[str, str], path: str = "/api/version") 
             return response.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"

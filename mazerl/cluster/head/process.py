@@ -54,3 +54,11 @@ def process_group_alive(pgid: int) -> bool:
 def kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` of a started process's log, for the error that says it did not come up."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

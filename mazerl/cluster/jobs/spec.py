@@ -4,8 +4,7 @@ The submission id is deterministic (``mazerl-<pipeline run>-<stage>-a<attempt>``
 carries the ``META_*`` metadata keys, so a re-run finds its own jobs; every job is started as
 ``exec python -m <module> --config <file>`` (:func:`module_entrypoint`); a job on a head on this
 machine gets this checkout on its ``PYTHONPATH`` (:func:`runtime_env_for`). A :class:`JobSpec` is one
-stage's job; :class:`RayJob`
-(:mod:`mazerl.cluster.jobs.submitter`) submits and follows it.
+stage's job; :class:`RayJob` (:mod:`mazerl.cluster.jobs.submitter`) submits and follows it.
 """
 
 from __future__ import annotations
