@@ -24,6 +24,7 @@ from mazerl.cluster.errors import ConfigError
 from mazerl.cluster.head.temp_dir import check_temp_dir
 from mazerl.evaluation.on_cluster import evaluate_as_job, is_job_server_address
 from mazerl.evaluation.settings import EvalSettings, check_max_eval_mazes
+from mazerl.policy.context_mode import CURRENT_FRAME_MODES
 from mazerl.preflight.data_root import check_data_root, check_root_env
 from mazerl.preflight.input_error import InputError
 from mazerl.preflight.model_dir import check_adapter, check_base_model
@@ -46,7 +47,7 @@ def _history(value: str) -> int | str:
 
 
 def _history_text(value: str) -> int | str:
-    return value if value == "feedback" else _history(value)
+    return value if value in CURRENT_FRAME_MODES else _history(value)
 
 
 class _StoreWithFlag(argparse.Action):
@@ -102,7 +103,8 @@ def add_eval_command(subparsers: argparse._SubParsersAction) -> None:
         "--history-text",
         type=_history_text,
         default=None,
-        help="'all', K past exchanges, or 'feedback' (the last feedback line only); default: the model's",
+        help="'all', K past exchanges, 'feedback' (the last feedback line only) or 'tried' (also the replies given "
+        "before on the same frame); default: the model's",
     )
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--data-root", default=None, help="data root (default $MAZERL_HOME or ./.mazerl)")

@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 
-from envs.maze import MazeEnv, action_text
+from envs.maze import DIRECTIONS, MazeEnv, action_text
 from mazerl.policy.chat import ChatError, Conversation, end_of_turn_id, image_token_id, model_inputs, render
 from mazerl.policy.context_mode import ContextModeError
 from mazerl.policy.loader import load_processor
+from mazerl.starter.states import REVERSE
 
 CELLS = 49  # 7x7 world at 16 px with 16 px patches and no merging: one image token per cell
 
@@ -216,3 +217,50 @@ def test_history_text_feedback_with_more_than_one_frame_is_refused_with_the_fix(
     conversation, _ = play(processor, 1)
     with pytest.raises(ContextModeError, match="history_images: 1"):
         render(processor, conversation, history_images=2, history_text="feedback")
+
+
+def test_history_text_tried_names_the_replies_given_before_on_the_same_frame(processor):
+    # given a walk that leaves the start, bumps a wall, comes back, bumps a wall there and leaves again
+    env = MazeEnv(size=7, cell_px=16, max_moves=50)
+    frame, _ = env.reset(seed=3)
+    walls, start = env.layout.walls, env.layout.agent
+    out = next(a for a, (dr, dc) in DIRECTIONS.items() if not walls[start[0] + dr, start[1] + dc])
+    beyond = (start[0] + DIRECTIONS[out][0], start[1] + DIRECTIONS[out][1])
+    bump_beyond = next(a for a, (dr, dc) in DIRECTIONS.items() if walls[beyond[0] + dr, beyond[1] + dc])
+    bump_start = next(a for a, (dr, dc) in DIRECTIONS.items() if walls[start[0] + dr, start[1] + dc])
+    conversation = Conversation.start(env.prompt(), frame)
+    contexts = [render(processor, conversation, 1, "tried")]
+    for action in (out, bump_beyond, REVERSE[out], bump_start, out):
+        text = action_text(action)
+        ids = [*processor.tokenizer(text, add_special_tokens=False)["input_ids"], end_of_turn_id(processor)]
+        frame, _, _, _, info = env.step(text)
+        conversation.add_reply(ids, text)
+        conversation.add_observation(info["feedback"], frame)
+        contexts.append(render(processor, conversation, 1, "tried"))
+    texts = [processor.tokenizer.decode(ids) for ids, _ in contexts]
+    frames = [observation.frame for observation in conversation.observations]
+    assert np.array_equal(frames[3], frames[0]) and np.array_equal(frames[4], frames[0]), "back at the start"
+    # then the first visit of a frame has no memory line, and the feedback mode's context is kept
+    assert "Answered on this frame before" not in texts[0]
+    assert texts[1] == processor.tokenizer.decode(
+        render(processor, conversation_upto(conversation, 1), 1, "feedback")[0]
+    )
+    # and back at the start, the line names each reply given there before, once, in order
+    assert f"Answered on this frame before: {action_text(out)}." in texts[3], texts[3][:400]
+    assert f"Answered on this frame before: {action_text(out)}; {action_text(bump_start)}." in texts[4], texts[4][:400]
+    # and the feedback line of the bump comes before it
+    assert texts[4].index("into a wall.") < texts[4].index("Answered on this frame before")
+    # and each context is still one user message with the current frame
+    for (_, images), frame in zip(contexts, frames, strict=True):
+        assert len(images) == 1 and np.array_equal(images[0], frame)
+
+
+def conversation_upto(conversation: Conversation, turns: int) -> Conversation:
+    """The first ``turns`` exchanges of a conversation."""
+    return Conversation(conversation.observations[: turns + 1], conversation.replies[:turns])
+
+
+def test_history_text_tried_with_more_than_one_frame_is_refused_with_the_fix(processor):
+    conversation, _ = play(processor, 1)
+    with pytest.raises(ContextModeError, match="history_images: 1"):
+        render(processor, conversation, history_images=2, history_text="tried")

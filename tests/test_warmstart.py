@@ -1,11 +1,12 @@
 """The warm-start's data: the solver's answers, the noisy demonstrator's, on mazes checked by hand."""
 
+import numpy as np
 import pytest
 from small_mazes import ROUND_THE_CORNER
 
-from envs.maze import Action, Layout, solve_actions
+from envs.maze import DIRECTIONS, Action, Layout, solve_actions
 from mazerl.starter.config import StarterConfig
-from mazerl.starter.states import demonstrator_action
+from mazerl.starter.states import demonstrator_action, exploring_walk, tried_at
 
 LAYOUT = ROUND_THE_CORNER  # the way leads round: right, right, down, down
 WALLS = LAYOUT.walls
@@ -30,6 +31,39 @@ def test_the_demonstrator_differs_from_the_solver_where_the_way_leads_round():
     cell = (2, 1)
     assert solve_actions(Layout(WALLS, cell, LAYOUT.target))[0] == Action.UP
     assert demonstrator_action(LAYOUT, cell) == Action.DOWN
+
+
+def test_the_demonstrator_passes_over_the_moves_tried_from_the_cell():
+    # at (2, 1) it heads down into the dead end, unless it went down from there before
+    assert demonstrator_action(LAYOUT, (2, 1), frozenset({Action.DOWN})) == Action.UP
+    # at the start right wins the tie, unless right was tried; with every open move tried it heads on as before
+    assert demonstrator_action(LAYOUT, (1, 1), frozenset({Action.RIGHT})) == Action.DOWN
+    assert demonstrator_action(LAYOUT, (1, 1), frozenset({Action.RIGHT, Action.DOWN})) == Action.RIGHT
+
+
+def _end(layout: Layout, walk: list[int]) -> tuple[int, int]:
+    position = layout.agent
+    for action in walk:
+        move = (position[0] + DIRECTIONS[action][0], position[1] + DIRECTIONS[action][1])
+        position = position if layout.walls[move] else move
+    return position
+
+
+def test_exploring_walks_end_on_their_cell_and_never_tried_the_answer_there():
+    # given every open cell of the maze, walked to with much noise from many seeds
+    tried_dead_end = 0
+    for row, col in zip(*np.nonzero(WALLS == 0), strict=True):
+        cell = (int(row), int(col))
+        answer = solve_actions(LAYOUT, start=cell)[0]
+        for seed in range(40):
+            walk = exploring_walk(LAYOUT, cell, 0.8, np.random.default_rng(seed))
+            # then the walk ends on the cell, and the solver's answer is not among the moves taken from it
+            assert _end(LAYOUT, walk) == cell
+            tried = tried_at(LAYOUT, cell, walk)
+            assert answer not in tried, (cell, seed, walk)
+            tried_dead_end += cell == LAYOUT.agent and Action.DOWN in tried
+    # and at the start some walks back out of the dead end below it before answering
+    assert tried_dead_end > 0
 
 
 def test_answer_noise_is_a_probability():

@@ -26,6 +26,11 @@ Two settings say how much of the past a context shows (the *context mode*):
   the context after a bump differs, so the policy can answer differently. A successful move's
   line ("Moved up.") is left out on purpose: the last move gives the answer away in every dead
   end ("go back"), which taught a starter trained with 1 to swing back and forth.
+  ``"tried"`` is ``"feedback"`` plus a memory line naming the replies given earlier in the episode
+  on the same frame ("Answered on this frame before: ('move', 3)."): back at a junction after a
+  dead end, the context differs from the first visit's, so a policy that took the wrong branch
+  can take another (with one frame it sees the same context and repeats itself). The context is
+  then a function of the state and of what was tried from it.
 - ``history_images``: the frames of the last K shown observations (``"all"``: every frame, as
   the reference does); older shown observations keep their feedback text only.
 
@@ -45,7 +50,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from mazerl.policy.context_mode import HistoryImages, HistoryText, check_context_mode
+from mazerl.policy.context_mode import CURRENT_FRAME_MODES, HistoryImages, HistoryText, check_context_mode
 
 # Private-use characters: never produced by a tokenizer's decode of ordinary text, and
 # passed through unchanged by chat templates.
@@ -122,17 +127,41 @@ def image_tokens_per_frame(processor: Any, height: int, width: int) -> int:
     return int(patches // image_processor.merge_size**2)
 
 
+TRIED_PREFIX = "Answered on this frame before: "  # history_text "tried": the memory line's opening words
+
+
+def answered_on_frame(conversation: Conversation) -> list[str]:
+    """The distinct replies given earlier in the episode on the frame the policy sees now, in order.
+
+    A frame shows the whole maze and the agent, so an identical frame is the same cell: this is
+    the memory a branch can be undone with (a dead end's way back leads to a junction whose
+    frame the policy has answered before), taken from the policy's own frames and replies.
+    """
+    observations = conversation.observations
+    frame = observations[-1].frame
+    answered: list[str] = []
+    for reply, seen in zip(conversation.replies, observations, strict=False):
+        text = " ".join(reply.text.split())
+        if text and text not in answered and np.array_equal(seen.frame, frame):
+            answered.append(text)
+    return answered
+
+
 def _messages(
     conversation: Conversation, history_images: HistoryImages, history_text: HistoryText
 ) -> tuple[list[dict], list[np.ndarray], list[int]]:
     """Chat messages of the context, its frames in order, and the indices of the replies it shows."""
     observations = conversation.observations
     current = len(observations) - 1
-    if history_text == "feedback":
-        stuck = current > 0 and np.array_equal(observations[current].frame, observations[current - 1].frame)
-        text = f"{observations[0].text}\n{observations[current].text}" if stuck else observations[0].text
+    if history_text in CURRENT_FRAME_MODES:
+        frame = observations[current].frame
+        lines = [observations[0].text]
+        if current > 0 and np.array_equal(frame, observations[current - 1].frame):
+            lines.append(observations[current].text)  # the last reply got nowhere: say why
+        if history_text == "tried" and (answered := answered_on_frame(conversation)):
+            lines.append(f"{TRIED_PREFIX}{'; '.join(answered)}.")
         return (
-            [{"role": "user", "content": [{"type": "text", "text": text}, {"type": "image"}]}],
+            [{"role": "user", "content": [{"type": "text", "text": "\n".join(lines)}, {"type": "image"}]}],
             [observations[current].frame],
             [],
         )

@@ -26,13 +26,14 @@ class StarterConfig(BaseModel):
     history_images: int | Literal["all"] = Field(
         1, description="Frames in the context the starter is trained on (and should be run with)."
     )
-    history_text: int | Literal["all", "feedback"] = Field(
+    history_text: int | Literal["all", "feedback", "tried"] = Field(
         "feedback",
         description="Past exchanges kept as text in its contexts (mazerl.policy.chat); feedback: the task prompt, the "
         "current frame and the last feedback line after a reply that got nowhere, so the context is a function of "
         "the state and a bump changes it (the embedded recipe trains with the same value). 0 (no feedback) left a "
         "greedy policy bumping the same wall forever; 1 (the last reply too) gave the way back away in every dead "
-        "end: greedy 2-cycles.",
+        "end: greedy 2-cycles. tried: feedback plus the replies given before on the same frame, warm-started on "
+        "walks that back out of wrong branches (mazerl.starter.states.exploring_walk).",
     )
     # Architecture.
     vocab_size: int = Field(512, ge=64, description="BPE vocabulary size, special tokens included.")

@@ -66,10 +66,11 @@ def _reply_ids(processor: Any, action: int, action_format: str) -> list[int]:
 REVERSE = {0: 2, 1: 3, 2: 0, 3: 1}
 
 
-def demonstrator_action(layout: Layout, cell: tuple[int, int]) -> int:
+def demonstrator_action(layout: Layout, cell: tuple[int, int], tried: frozenset[int] = frozenset()) -> int:
     """What a demonstrator who heads for the red square does at ``cell``: the open move that brings
     the agent nearest the target as the crow flies (Manhattan distance; ties: the lower action id),
-    and stop on the target.
+    and stop on the target. Moves in ``tried`` (taken from this cell before: history_text "tried")
+    are passed over while another is open, as someone who remembers a dead end would.
 
     Where the maze's way leads round, away from the target, this is not the solver's move: the
     warm-start's ``answer_noise`` mixes it into the answers there, so the starter's mistakes are
@@ -82,7 +83,74 @@ def demonstrator_action(layout: Layout, cell: tuple[int, int]) -> int:
         for action, (dr, dc) in DIRECTIONS.items()
         if not layout.walls[cell[0] + dr, cell[1] + dc]
     ]
-    return min(open_moves)[1]
+    untried = [move for move in open_moves if move[1] not in tried]
+    return min(untried or open_moves)[1]
+
+
+FINAL_EXCURSION = 0.5  # exploring walks: chance of backing out of wrong branches at the walk's last cell
+EXCURSION_DEPTH = 3  # exploring walks: the deepest an excursion goes before it turns back
+
+
+def _excursion(layout: Layout, cell: tuple[int, int], first: int, rng: np.random.Generator) -> list[int]:
+    """Into a branch by ``first`` and back: onwards at random (never reversing) until a dead end or
+    EXCURSION_DEPTH moves, then the same way back to ``cell``."""
+    out = [first]
+    position = (cell[0] + DIRECTIONS[first][0], cell[1] + DIRECTIONS[first][1])
+    while len(out) < EXCURSION_DEPTH:
+        onwards = [
+            a
+            for a, (dr, dc) in DIRECTIONS.items()
+            if a != REVERSE[out[-1]] and not layout.walls[position[0] + dr, position[1] + dc]
+        ]
+        if not onwards:
+            break
+        out.append(int(rng.choice(onwards)))
+        position = (position[0] + DIRECTIONS[out[-1]][0], position[1] + DIRECTIONS[out[-1]][1])
+    return out + [REVERSE[a] for a in reversed(out)]
+
+
+def exploring_walk(layout: Layout, cell: tuple[int, int], noise: float, rng: np.random.Generator) -> list[int]:
+    """Actions from the start to ``cell`` along the maze's way, backing out of wrong branches on the way.
+
+    The walks of history_text "tried", whose contexts show what was answered before on the
+    current frame: before each step (with chance ``noise``, and FINAL_EXCURSION at ``cell``) the
+    walk bumps a wall or goes into a branch that is neither the way on nor the way it came, and
+    back. The solver's answer at ``cell`` is therefore never among the moves tried there, so a
+    starter learns that a tried move is not the answer: the memory is read, not copied (a random
+    approach through ``cell`` and back, as :func:`noisy_walk` makes, would teach the opposite).
+    """
+    path = solve_actions(Layout(layout.walls, layout.agent, cell))[:-1]
+    answer = solve_actions(layout, start=cell)[0]
+    walk: list[int] = []
+    position, came = layout.agent, None
+    for step in [*path, None]:
+        way_on = answer if step is None else step
+        chance = FINAL_EXCURSION if step is None else noise
+        if position != layout.target and rng.random() < chance:
+            around = {a: (position[0] + d[0], position[1] + d[1]) for a, d in DIRECTIONS.items()}
+            blocked = [a for a, n in around.items() if layout.walls[n]]
+            branches = [a for a, n in around.items() if not layout.walls[n] and a not in (way_on, came)]
+            for side in rng.permutation(branches).tolist() if branches and rng.random() < 0.5 else []:
+                walk += _excursion(layout, position, int(side), rng)
+            if blocked and rng.random() < 0.5:
+                walk.append(int(rng.choice(blocked)))
+        if step is not None:
+            walk.append(step)
+            position = (position[0] + DIRECTIONS[step][0], position[1] + DIRECTIONS[step][1])
+            came = REVERSE[step]
+    return walk
+
+
+def tried_at(layout: Layout, cell: tuple[int, int], walk: list[int]) -> frozenset[int]:
+    """The moves a walk took from ``cell`` (wall bumps included): what history_text "tried" shows there."""
+    tried, position = set(), layout.agent
+    for action in walk:
+        if position == cell:
+            tried.add(action)
+        move = (position[0] + DIRECTIONS[action][0], position[1] + DIRECTIONS[action][1])
+        if not layout.walls[move]:
+            position = move
+    return frozenset(tried)
 
 
 def noisy_walk(layout: Layout, cell: tuple[int, int], noise: float, rng: np.random.Generator) -> list[int]:
@@ -127,17 +195,19 @@ def noisy_walk(layout: Layout, cell: tuple[int, int], noise: float, rng: np.rand
 
 
 def state_cells(
-    layouts: list[Layout], max_moves: int, noise: float, seed: int
+    layouts: list[Layout], max_moves: int, noise: float, seed: int, exploring: bool = False
 ) -> list[tuple[int, tuple[int, int], list[int]]]:
-    """(maze index, agent cell, walk from the start) of every state whose walk leaves a move to spare."""
+    """(maze index, agent cell, walk from the start) of every state whose walk leaves a move to spare.
+    ``exploring``: :func:`exploring_walk` (history_text "tried") instead of :func:`noisy_walk`."""
+    walker = exploring_walk if exploring else noisy_walk
     cells = []
     for maze, layout in enumerate(layouts):
         for row, col in zip(*np.nonzero(layout.walls == 0), strict=True):
             cell = (int(row), int(col))
             rng = np.random.default_rng([seed, 3, maze, int(row), int(col)])
-            walk = noisy_walk(layout, cell, noise, rng)
+            walk = walker(layout, cell, noise, rng)
             if len(walk) + 1 > max_moves:
-                walk = noisy_walk(layout, cell, 0.0, rng)  # without the noise, if that fits
+                walk = walker(layout, cell, 0.0, rng)  # without the noise, if that fits
             if len(walk) + 1 <= max_moves:
                 cells.append((maze, cell, walk))
     return cells
@@ -159,7 +229,8 @@ def build_states(
 
     Walks are replayed through :class:`MazeEnv`, so feedback texts and frames are the env's own.
     """
-    cells = state_cells(layouts, max_moves, noise, seed)
+    exploring = history_text == "tried"
+    cells = state_cells(layouts, max_moves, noise, seed, exploring)
     if max_states is not None and max_states < len(cells):
         chosen = np.random.default_rng([seed, 1]).permutation(len(cells))[:max_states]
         cells = [cells[i] for i in sorted(chosen.tolist())]
@@ -180,6 +251,6 @@ def build_states(
         input_ids, images = render(processor, conversation, history_images, history_text)
         index = cell[0] * layout.walls.shape[1] + cell[1]
         answer = int(classes[maze][index])
-        demo = demonstrator_action(layout, cell)
+        demo = demonstrator_action(layout, cell, tried_at(layout, cell, walk) if exploring else frozenset())
         states.append(State(input_ids, images, replies[answer], replies[demo], classes[maze], index))
     return states
