@@ -98,9 +98,9 @@ def test_two_workers_equal_one_worker_maze_by_maze(starter_model_dir, tmp_path, 
         chunk_size=4,
         log=said.append,
     )
-    assert len(said) == 1 and "history_text=0" in said[0] and "'feedback'" in said[0], said
+    assert len(said) == 1 and "history_text=0" in said[0] and "'tried'" in said[0], said
     summary = json.loads(other.summary_path.read_text())
-    assert summary["settings"]["history_text"] == 0 and summary["trained_context_mode"]["history_text"] == "feedback"
+    assert summary["settings"]["history_text"] == 0 and summary["trained_context_mode"]["history_text"] == "tried"
 
 
 @pytest.mark.parametrize(

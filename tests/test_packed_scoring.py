@@ -79,7 +79,7 @@ def loss_and_gradients(model, processor, scorer_class, samples):
     return loss_sum, gradients, log_probs_of, scorer.stats
 
 
-@pytest.mark.parametrize("mode", [(1, 1), (1, 0), (1, "feedback"), (1, "all"), ("all", "all")])
+@pytest.mark.parametrize("mode", [(1, 1), (1, 0), (1, "feedback"), (1, "tried"), (1, "all"), ("all", "all")])
 def test_packed_loss_and_gradients_equal_per_turn_scoring(lora_model, mode):
     model, processor = lora_model
     samples = recorded(model, processor, mode)

@@ -18,7 +18,7 @@ from mazerl.policy.prefix_engine import PrefixCachingEngine
 from mazerl.training.per_turn_oracle import reply_log_probs
 from mazerl.training.scoring import TurnSample
 
-MODES = [(1, 1), (1, 0), (1, "feedback"), (1, "all"), ("all", "all")]  # (history_images, history_text)
+MODES = [(1, 1), (1, 0), (1, "feedback"), (1, "tried"), (1, "all"), ("all", "all")]  # (history_images, history_text)
 
 
 @pytest.fixture(scope="module")

@@ -48,7 +48,7 @@ from mazerl.starter.record import RECORD_FILE, StarterError, read_record
 from mazerl.starter.shipped import SHIPPED_NAME, shipped_starter
 from mazerl.starter.warmstart import warm_start as run_warm_start
 
-STARTER_NAME = SHIPPED_NAME  # maze-starter-v4: v3 plus a noisy demonstrator, aux_weight 3, stopped mid-schedule
+STARTER_NAME = SHIPPED_NAME  # maze-starter-v5: v4 warm-started in history_text 'tried', 1.2 epochs
 SPECIAL_TOKENS = (
     "<|endoftext|>",
     "<|im_start|>",

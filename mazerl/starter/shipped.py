@@ -17,10 +17,10 @@ import hashlib
 import os
 from pathlib import Path
 
-SHIPPED_NAME = "maze-starter-v4"
+SHIPPED_NAME = "maze-starter-v5"
 SHIPPED_DIR = Path(__file__).parent / "data" / SHIPPED_NAME
 # SHA-256 over (file name, file SHA-256) of every file in SHIPPED_DIR, by name (directory_digest).
-SHIPPED_DIGEST = "0d75503a4dd435bcd843a9def27534288ad8dff274851b3ca41fa4771f97f6c0"
+SHIPPED_DIGEST = "e1e08446f9a5c4869a00f98e94b9a7b875e574824029b61176d2a9518b6db5f5"
 
 
 class ShippedStarterError(ValueError):

@@ -21,7 +21,7 @@ from mazerl.training.config import TrainConfig
 # The smoke preset lays it over the run's recipe as overrides.
 MINIATURE_TRAINING: dict[str, Any] = {
     "history_images": 1,
-    "history_text": "feedback",
+    "history_text": "tried",
     "max_turns": 3,
     "steps": 2,
     "mazes_per_step": 1,
@@ -36,7 +36,7 @@ MINIATURE_TRAINING: dict[str, Any] = {
 # docs/training.md's recipe table, which links each into docs/performance.md.
 EMBEDDED_TRAINING: dict[str, Any] = {
     "history_images": 1,
-    "history_text": "feedback",  # as maze-starter-v4 was warm-started
+    "history_text": "tried",  # as maze-starter-v5 was warm-started: back at a junction it can take another branch
     "steps": 300,  # the greedy curve still rose from 200 to 300 steps
     "mazes_per_step": 16,
     "train_pool_size": 512,
