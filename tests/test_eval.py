@@ -232,3 +232,14 @@ def test_eval_flags_use_the_pipeline_names_and_keep_the_old_ones_as_aliases():
         "--engine",
     )
     assert parser.parse_args(["eval", "--model", "m"]).max_mazes_flag == "--max-eval-mazes"
+
+
+@pytest.mark.parametrize(("typed", "parsed"), [("tried", "tried"), ("feedback", "feedback"), ("all", "all"), ("2", 2)])
+def test_eval_history_text_flag_takes_every_context_mode(typed, parsed):
+    import argparse
+
+    from cli.eval import add_eval_command
+
+    parser = argparse.ArgumentParser()
+    add_eval_command(parser.add_subparsers())
+    assert parser.parse_args(["eval", "--model", "m", "--history-text", typed]).history_text == parsed
