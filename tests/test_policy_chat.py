@@ -12,6 +12,20 @@ from mazerl.starter.states import REVERSE
 CELLS = 49  # 7x7 world at 16 px with 16 px patches and no merging: one image token per cell
 
 
+def walk_contexts(processor, env, frame, actions, history_text):
+    """Play ``actions`` from ``frame``; the conversation and the context rendered before each turn and after the last."""
+    conversation = Conversation.start(env.prompt(), frame)
+    contexts = [render(processor, conversation, 1, history_text)]
+    for action in actions:
+        text = action_text(action)
+        ids = [*processor.tokenizer(text, add_special_tokens=False)["input_ids"], end_of_turn_id(processor)]
+        frame, _, _, _, info = env.step(text)
+        conversation.add_reply(ids, text)
+        conversation.add_observation(info["feedback"], frame)
+        contexts.append(render(processor, conversation, 1, history_text))
+    return conversation, contexts
+
+
 @pytest.fixture(scope="module")
 def processor(starter_model_dir):
     return load_processor(starter_model_dir)
@@ -182,15 +196,7 @@ def test_history_text_feedback_adds_the_last_feedback_line_only_after_a_reply_th
     # given a walk with wall bumps and moves (seed 3: "up" from the start is a wall)
     env = MazeEnv(size=7, cell_px=16, max_moves=50)
     frame, _ = env.reset(seed=3)
-    conversation = Conversation.start(env.prompt(), frame)
-    contexts = [render(processor, conversation, 1, "feedback")]
-    for action in (0, 1, 2, 3, 0, 1, 2, 3):
-        text = action_text(action)
-        ids = [*processor.tokenizer(text, add_special_tokens=False)["input_ids"], end_of_turn_id(processor)]
-        frame, _, _, _, info = env.step(text)
-        conversation.add_reply(ids, text)
-        conversation.add_observation(info["feedback"], frame)
-        contexts.append(render(processor, conversation, 1, "feedback"))
+    conversation, contexts = walk_contexts(processor, env, frame, (0, 1, 2, 3, 0, 1, 2, 3), "feedback")
     prompt = conversation.observations[0].text
     observations = conversation.observations
     bumps = 0
@@ -228,15 +234,8 @@ def test_history_text_tried_names_the_replies_given_before_on_the_same_frame(pro
     beyond = (start[0] + DIRECTIONS[out][0], start[1] + DIRECTIONS[out][1])
     bump_beyond = next(a for a, (dr, dc) in DIRECTIONS.items() if walls[beyond[0] + dr, beyond[1] + dc])
     bump_start = next(a for a, (dr, dc) in DIRECTIONS.items() if walls[start[0] + dr, start[1] + dc])
-    conversation = Conversation.start(env.prompt(), frame)
-    contexts = [render(processor, conversation, 1, "tried")]
-    for action in (out, bump_beyond, REVERSE[out], bump_start, out):
-        text = action_text(action)
-        ids = [*processor.tokenizer(text, add_special_tokens=False)["input_ids"], end_of_turn_id(processor)]
-        frame, _, _, _, info = env.step(text)
-        conversation.add_reply(ids, text)
-        conversation.add_observation(info["feedback"], frame)
-        contexts.append(render(processor, conversation, 1, "tried"))
+    actions = (out, bump_beyond, REVERSE[out], bump_start, out)
+    conversation, contexts = walk_contexts(processor, env, frame, actions, "tried")
     texts = [processor.tokenizer.decode(ids) for ids, _ in contexts]
     frames = [observation.frame for observation in conversation.observations]
     assert np.array_equal(frames[3], frames[0]) and np.array_equal(frames[4], frames[0]), "back at the start"
