@@ -66,6 +66,11 @@ def _reply_ids(processor: Any, action: int, action_format: str) -> list[int]:
 REVERSE = {0: 2, 1: 3, 2: 0, 3: 1}
 
 
+def _around(cell: tuple[int, int]) -> dict[int, tuple[int, int]]:
+    """Each move's destination from ``cell`` (a wall there or not): the walks' one step rule."""
+    return {action: (cell[0] + dr, cell[1] + dc) for action, (dr, dc) in DIRECTIONS.items()}
+
+
 def demonstrator_action(layout: Layout, cell: tuple[int, int], tried: frozenset[int] = frozenset()) -> int:
     """What a demonstrator who heads for the red square does at ``cell``: the open move that brings
     the agent nearest the target as the crow flies (Manhattan distance; ties: the lower action id),
@@ -95,17 +100,14 @@ def _excursion(layout: Layout, cell: tuple[int, int], first: int, rng: np.random
     """Into a branch by ``first`` and back: onwards at random (never reversing) until a dead end or
     EXCURSION_DEPTH moves, then the same way back to ``cell``."""
     out = [first]
-    position = (cell[0] + DIRECTIONS[first][0], cell[1] + DIRECTIONS[first][1])
+    position = _around(cell)[first]
     while len(out) < EXCURSION_DEPTH:
-        onwards = [
-            a
-            for a, (dr, dc) in DIRECTIONS.items()
-            if a != REVERSE[out[-1]] and not layout.walls[position[0] + dr, position[1] + dc]
-        ]
+        around = _around(position)
+        onwards = [a for a, n in around.items() if a != REVERSE[out[-1]] and not layout.walls[n]]
         if not onwards:
             break
         out.append(int(rng.choice(onwards)))
-        position = (position[0] + DIRECTIONS[out[-1]][0], position[1] + DIRECTIONS[out[-1]][1])
+        position = around[out[-1]]
     return out + [REVERSE[a] for a in reversed(out)]
 
 
@@ -127,7 +129,7 @@ def exploring_walk(layout: Layout, cell: tuple[int, int], noise: float, rng: np.
         way_on = answer if step is None else step
         chance = FINAL_EXCURSION if step is None else noise
         if position != layout.target and rng.random() < chance:
-            around = {a: (position[0] + d[0], position[1] + d[1]) for a, d in DIRECTIONS.items()}
+            around = _around(position)
             blocked = [a for a, n in around.items() if layout.walls[n]]
             branches = [a for a, n in around.items() if not layout.walls[n] and a not in (way_on, came)]
             for side in rng.permutation(branches).tolist() if branches and rng.random() < 0.5 else []:
@@ -136,7 +138,7 @@ def exploring_walk(layout: Layout, cell: tuple[int, int], noise: float, rng: np.
                 walk.append(int(rng.choice(blocked)))
         if step is not None:
             walk.append(step)
-            position = (position[0] + DIRECTIONS[step][0], position[1] + DIRECTIONS[step][1])
+            position = _around(position)[step]
             came = REVERSE[step]
     return walk
 
@@ -147,7 +149,7 @@ def tried_at(layout: Layout, cell: tuple[int, int], walk: list[int]) -> frozense
     for action in walk:
         if position == cell:
             tried.add(action)
-        move = (position[0] + DIRECTIONS[action][0], position[1] + DIRECTIONS[action][1])
+        move = _around(position)[action]
         if not layout.walls[move]:
             position = move
     return frozenset(tried)
@@ -164,23 +166,19 @@ def noisy_walk(layout: Layout, cell: tuple[int, int], noise: float, rng: np.rand
     move says nothing about the answer; before each step, with probability ``noise / 2``
     each, it also bumps into a wall or steps into a side cell and back.
     """
-    neighbours = [
-        (cell[0] + d[0], cell[1] + d[1])
-        for d in DIRECTIONS.values()
-        if not layout.walls[cell[0] + d[0], cell[1] + d[1]]
-    ]
+    neighbours = [n for n in _around(cell).values() if not layout.walls[n]]
     if cell == layout.agent and rng.random() < 0.5:
         path: list[int] = []  # the episode's very first turn
     else:
         before = neighbours[int(rng.integers(len(neighbours)))]
         to_before = [] if before == layout.agent else solve_actions(Layout(layout.walls, layout.agent, before))[:-1]
-        back = next(a for a, d in DIRECTIONS.items() if (before[0] + d[0], before[1] + d[1]) == cell)
+        back = next(a for a, n in _around(before).items() if n == cell)
         path = [*to_before, back]
     walk: list[int] = []
     position = layout.agent
     for step in [*path, None]:
         draw = rng.random()
-        around = {a: (position[0] + d[0], position[1] + d[1]) for a, d in DIRECTIONS.items()}
+        around = _around(position)
         blocked = [a for a, n in around.items() if layout.walls[n]]
         sides = [a for a, n in around.items() if not layout.walls[n] and a != step]
         if draw < noise / 2 and blocked:
