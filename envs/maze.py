@@ -287,7 +287,6 @@ class MazeEnv:
         self.agent: tuple[int, int] = (0, 0)
         self.moves = 0
         self.done = False
-        self._taken: set[tuple[tuple[int, int], int]] = set()  # (cell, direction) of every move tried this episode
         self._renderer: FrameRenderer | None = None
 
     def reset(self, seed: int | None = None, layout: Layout | None = None) -> tuple[np.ndarray, dict]:
@@ -302,7 +301,6 @@ class MazeEnv:
         self.agent = layout.agent
         self.moves = 0
         self.done = False
-        self._taken = set()
         self._renderer = FrameRenderer(layout.walls, layout.target, self.cell_px)
         self._renderer.place_agent(self.agent)
         return self.render(), self._info("Episode started.", parse_ok=True)
@@ -313,7 +311,7 @@ class MazeEnv:
             raise RuntimeError("call reset() before step(), and again after the episode ends")
         self.moves += 1
         action, parse_ok = self._parse(action_text)
-        reward, terminated, repeat = 0.0, False, False
+        reward, terminated = 0.0, False
         if not parse_ok:
             feedback = f"Could not read an action. Reply with exactly one of: {ACCEPTED_FORMS[self.action_format]}."
         elif action == Action.STOP:
@@ -321,8 +319,6 @@ class MazeEnv:
             reward = 1.0 if self.agent == self.layout.target else 0.0
             feedback = "Stopped on the target." if reward else "Stopped away from the target."
         else:
-            repeat = (self.agent, action) in self._taken
-            self._taken.add((self.agent, action))
             dr, dc = DIRECTIONS[action]
             nxt = (self.agent[0] + dr, self.agent[1] + dc)
             if self.layout.walls[nxt]:
@@ -337,7 +333,7 @@ class MazeEnv:
         if truncated:
             feedback += " The move budget is spent."
         self.done = terminated or truncated
-        return self.render(), reward, terminated, truncated, self._info(feedback, parse_ok) | {"repeat": repeat}
+        return self.render(), reward, terminated, truncated, self._info(feedback, parse_ok)
 
     def render(self) -> np.ndarray:
         """The current frame, (size*cell_px, size*cell_px, 3) uint8, a fresh copy."""
@@ -368,9 +364,6 @@ class MazeEnv:
         )
 
     def _info(self, feedback: str, parse_ok: bool) -> dict:
-        """What a step reports; ``step`` adds ``repeat``: the move was tried from this cell before in the
-        episode (in a perfect maze a search never needs a move twice: a repeated wall bump, or a branch
-        taken again after its dead end)."""
         return {
             "agent": self.agent,
             "target": self.layout.target,

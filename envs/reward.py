@@ -45,38 +45,29 @@ class Shaping:
       solver's action there) and ``-progress_reward`` anywhere else.
     - ``bump_cost``: per reply that leaves the agent where it was without ending the episode
       (a wall bump, an unreadable reply), ``-bump_cost``.
-    - ``repeat_cost``: per move made again from a cell it was made from before in the episode
-      (``info["repeat"]`` of :class:`envs.maze.MazeEnv`), ``-repeat_cost`` on top of the above. A
-      search of a perfect maze never needs a move twice (a repeated bump, or a branch taken again
-      after its dead end), and this needs no solver, unlike ``progress_reward``.
     """
 
     progress_reward: float = 0.0  # the training setting's own name (grpo.progress_reward)
     bump_cost: float = 0.0
-    repeat_cost: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("progress_reward", "bump_cost", "repeat_cost"):
+        for name in ("progress_reward", "bump_cost"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"shaping {name}={value!r} must be a finite number >= 0 (0 disables it)")
 
     @property
     def active(self) -> bool:
-        return bool(self.progress_reward or self.bump_cost or self.repeat_cost)
+        return bool(self.progress_reward or self.bump_cost)
 
 
-def turn_shaping(
-    shaping: Shaping, distance_before: int, distance_after: int, stopped: bool, repeat: bool = False
-) -> float:
+def turn_shaping(shaping: Shaping, distance_before: int, distance_after: int, stopped: bool) -> float:
     """The shaping reward of one turn that took the agent from ``distance_before`` to ``distance_after``
     (moves to the target); ``stopped``: the reply was a stop, the solver's action on the target
     (``+progress_reward``) and a wrong one anywhere else (``-progress_reward``), so that every turn that did what
-    the solver would have done earns the same, the last one included; ``repeat``: the move was made from
-    this cell before in the episode (``-repeat_cost`` more)."""
+    the solver would have done earns the same, the last one included."""
     if stopped:
         return shaping.progress_reward if distance_before == 0 else -shaping.progress_reward
-    again = -shaping.repeat_cost if repeat else 0.0
     if distance_after == distance_before:
-        return again - shaping.bump_cost
-    return again + shaping.progress_reward * (distance_before - distance_after)
+        return -shaping.bump_cost
+    return shaping.progress_reward * (distance_before - distance_after)

@@ -8,7 +8,7 @@ is the feedback text plus the frame as a ``data:image/png;base64,`` ``image_url`
 The optional ``format_bonus`` (training only) is added to the terminal reward for the
 share of replies that parsed (:func:`envs.reward.episode_reward`, the local runner's rule too);
 it never enters the ``solved`` metric. The optional shaping terms (``progress_reward``,
-``bump_cost``, ``repeat_cost``: :class:`envs.reward.Shaping`, the local runner's rule too) are paid per step;
+``bump_cost``: :class:`envs.reward.Shaping`, the local runner's rule too) are paid per step;
 SkyRL's GRPO sums a trajectory's step rewards into one advantage (the local backend's
 ``credit: episode``).
 
@@ -72,9 +72,7 @@ class MazeTextEnv(BaseTextEnv):
         self.format_bonus = float(setting("format_bonus", 0.0))
         check_format_bonus(self.format_bonus)
         self.shaping = Shaping(
-            progress_reward=float(setting("progress_reward", 0.0)),
-            bump_cost=float(setting("bump_cost", 0.0)),
-            repeat_cost=float(setting("repeat_cost", 0.0)),
+            progress_reward=float(setting("progress_reward", 0.0)), bump_cost=float(setting("bump_cost", 0.0))
         )
         self.distances: np.ndarray | None = None
         self.env = MazeEnv(
@@ -103,11 +101,7 @@ class MazeTextEnv(BaseTextEnv):
             reward = episode_reward(reward, self.env.moves - self.parse_failures, self.env.moves, self.format_bonus)
         if self.distances is not None:
             reward += turn_shaping(
-                self.shaping,
-                int(self.distances[before]),
-                int(self.distances[self.env.agent]),
-                terminated,
-                info["repeat"],
+                self.shaping, int(self.distances[before]), int(self.distances[self.env.agent]), terminated
             )
         observations = [] if done else [image_message(info["feedback"], image)]
         return BaseTextEnvStepOutput(

@@ -89,20 +89,6 @@ def test_wall_bump_keeps_agent_and_costs_a_move():
     assert (reward, terminated, truncated) == (0.0, False, False)
 
 
-def test_a_move_made_again_from_the_same_cell_is_reported_as_a_repeat():
-    # given the corridor maze: a bump up, right, back left, then the same moves again
-    env = MazeEnv(size=7)
-    env.reset(layout=CORRIDOR)
-    texts = ["('move', 1)", "('move', 1)", "('move', 0)", "('move', 2)", "('move', 0)", "nonsense", "nonsense"]
-    repeats = [env.step(text)[4]["repeat"] for text in texts]
-    # then the second bump up and the second right from (1, 1) are repeats; the first of each, the
-    # left from (1, 2) and unreadable replies (no move at all) are not
-    assert repeats == [False, True, False, False, True, False, False]
-    # and a new episode starts with nothing tried
-    env.reset(layout=CORRIDOR)
-    assert env.step("('move', 1)")[4]["repeat"] is False
-
-
 def test_border_is_never_crossed():
     env = MazeEnv(size=7, max_moves=100)
     env.reset(layout=CORRIDOR)

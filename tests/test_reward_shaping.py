@@ -44,24 +44,7 @@ def test_turn_shaping_table(before, after, ended, expected):
     assert turn_shaping(Shaping(progress_reward=0.5, bump_cost=0.25), before, after, ended) == expected
 
 
-@pytest.mark.parametrize(
-    ("before", "after", "expected"),
-    [
-        (4, 5, -0.5 - 0.125),  # a branch taken again after its dead end: -progress - repeat_cost
-        (4, 4, -0.25 - 0.125),  # the same wall bumped again: -bump_cost - repeat_cost
-        (4, 3, 0.5 - 0.125),  # a move made again that leads on (a loop's second round): +progress - repeat_cost
-    ],
-)
-def test_a_repeated_move_costs_repeat_cost_on_top(before, after, expected):
-    shaping = Shaping(progress_reward=0.5, bump_cost=0.25, repeat_cost=0.125)
-    assert turn_shaping(shaping, before, after, False, repeat=True) == expected
-    assert turn_shaping(shaping, before, after, False, repeat=False) == expected + 0.125
-    assert Shaping(repeat_cost=0.125).active, "repeat_cost alone turns shaping on"
-
-
-@pytest.mark.parametrize(
-    "bad", [{"progress_reward": -0.1}, {"bump_cost": float("nan")}, {"progress_reward": "1"}, {"repeat_cost": -1}]
-)
+@pytest.mark.parametrize("bad", [{"progress_reward": -0.1}, {"bump_cost": float("nan")}, {"progress_reward": "1"}])
 def test_bad_shaping_terms_are_refused(bad):
     with pytest.raises(ValueError, match="finite number >= 0"):
         Shaping(**bad)
@@ -92,20 +75,3 @@ def test_the_runner_records_each_turns_shaping_and_never_pays_it(starter_model_d
     assert [t.shaping for t in episode.turns] == [-0.25, -0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]
     assert episode.shaping == pytest.approx(2.25)
     assert episode.solved and episode.reward == 1.0, "shaping never enters the reward or success"
-
-
-def test_the_runner_charges_a_move_made_again_from_the_same_cell(starter_model_dir):
-    # Given a hand-written episode: a bump (up), again (up), into the dead end (down), back (up),
-    # into the dead end again (down), back (up), then the way.
-    processor = load_processor(starter_model_dir)
-    moves = [1, 1, 3, 1, 3, 1, 0, 0, 3, 3, 4]
-    engine = _Scripted(processor, [action_text(m) for m in moves])
-    shaping = Shaping(progress_reward=0.5, bump_cost=0.25, repeat_cost=1.0)
-    settings = GenerationSettings(greedy=True, max_new_tokens=16)
-    # When the runner plays it,
-    (episode,) = run_episodes(engine, processor, [LAYOUT], settings, cell_px=8, history_text=0, shaping=shaping)
-    # then, by hand: the second bump -0.25 - 1; the second way down into the dead end -0.5 - 1, and
-    # the second way back up from it +0.5 - 1 (made from the dead end before); the rest as without it.
-    expected = [-0.25, -1.25, -0.5, 0.5, -1.5, -0.5, 0.5, 0.5, 0.5, 0.5, 0.5]
-    assert [t.shaping for t in episode.turns] == expected
-    assert episode.solved and episode.reward == 1.0

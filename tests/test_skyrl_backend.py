@@ -236,10 +236,7 @@ def play_solver(extras: dict) -> tuple[float, Layout]:
 def test_tickets_round_trip_parquet_and_play_the_named_maze(tmp_path):
     # given the embedded world's tickets written as parquet (as SkyRL reads them)
     config = make_config(
-        tmp_path,
-        eval_set="maze256-small-v1",
-        grpo={"format_bonus": 0.1, "progress_reward": 0.5, "repeat_cost": 0.25},
-        eval_mazes=32,
+        tmp_path, eval_set="maze256-small-v1", grpo={"format_bonus": 0.1, "progress_reward": 0.5}, eval_mazes=32
     )
     files = write_datasets(config)
     train = pq.read_table(files.train_data).to_pylist()
@@ -251,7 +248,6 @@ def test_tickets_round_trip_parquet_and_play_the_named_maze(tmp_path):
     assert not {Layout.generate(s, 7) for s in seeds} & set(eval_set.layouts), "train mazes must avoid eval layouts"
     assert all(row["env_class"] == ENV_ID and row["format_bonus"] == 0.1 for row in train)
     assert all(row["progress_reward"] == 0.5 and row["bump_cost"] == 0.0 for row in train), "shaping reaches the env"
-    assert all(row["repeat_cost"] == 0.25 for row in train)
     # and eval rows carry the set's exact layouts, no format bonus
     assert [row["maze_id"] for row in evaluation] == [f"maze256-small-v1/{i}" for i in range(32)]
     assert all(row["format_bonus"] == 0.0 and row["cell_px"] == 16 for row in evaluation)

@@ -7,7 +7,7 @@ import torch
 from envs.maze import MazeEnv
 from mazerl.policy.chat import pixel_inputs
 from mazerl.policy.loader import load_policy
-from mazerl.policy.vision_cache import VisionCache, distinct_frames, find_vision_tower
+from mazerl.policy.vision_cache import VisionCache, find_vision_tower
 
 
 @pytest.fixture(scope="module")
@@ -67,44 +67,3 @@ def test_cached_features_equal_the_towers_own(policy):
     for x, y in zip(cached.deepstack_features, reference.deepstack_features, strict=True):
         assert torch.allclose(x, y, atol=1e-5)
     assert np.isfinite(cached.pooler_output.numpy()).all()
-
-
-def test_distinct_frames_encode_each_image_once_with_the_towers_features_and_gradients(policy):
-    # given a batch of five frames, three of them one frame, and a loss that weighs every token apart
-    tower = find_vision_tower(policy.model)
-    images = frames([5, 6, 5, 7, 5])
-    pixels = pixel_inputs(policy.processor, images)
-
-    def loss_and_gradients():
-        tower.zero_grad(set_to_none=True)
-        out = tower(pixels["pixel_values"], grid_thw=pixels["image_grid_thw"], return_dict=True)
-        weights = torch.sin(torch.arange(out.pooler_output.numel(), dtype=torch.float32)).view_as(out.pooler_output)
-        loss = (out.pooler_output * weights).sum() + sum((f * weights).sum() for f in out.deepstack_features)
-        loss.backward()
-        return out, {name: p.grad.clone() for name, p in tower.named_parameters()}
-
-    tower.requires_grad_(True)
-    reference, reference_grads = loss_and_gradients()
-    encoded = []  # images per call of the tower's own forward
-
-    def counting(hidden_states, grid_thw, **kwargs):
-        encoded.append(len(grid_thw))
-        return type(tower).forward(tower, hidden_states, grid_thw=grid_thw, **kwargs)
-
-    tower.forward = counting
-    try:
-        # when the tower runs inside distinct_frames
-        with distinct_frames(policy.model):
-            deduplicated, grads = loss_and_gradients()
-        # then it encoded the three distinct images once, in one call
-        assert encoded == [3]
-        assert tower.forward is counting, "the forward in place before comes back on exit"
-    finally:
-        del tower.forward
-    # and every use got the tower's own features, and the gradients are the sums over the uses
-    assert torch.allclose(deduplicated.pooler_output, reference.pooler_output, atol=1e-5)
-    for x, y in zip(deduplicated.deepstack_features, reference.deepstack_features, strict=True):
-        assert torch.allclose(x, y, atol=1e-5)
-    for name, expected in reference_grads.items():
-        assert torch.allclose(grads[name], expected, atol=1e-4, rtol=1e-4), name
-    assert any(g.abs().max() > 1e-3 for g in reference_grads.values())

@@ -177,9 +177,7 @@ def _advance(
     turn = Turn(input_ids, images, list(result.response_ids), text, bool(info["parse_ok"]), result.log_probs)
     if shaping is not None:
         distances = episode.distances
-        turn.shaping = turn_shaping(
-            shaping, int(distances[before]), int(distances[episode.env.agent]), terminated, info["repeat"]
-        )
+        turn.shaping = turn_shaping(shaping, int(distances[before]), int(distances[episode.env.agent]), terminated)
     episode.turns.append(turn)
     episode.conversation.add_reply(result.response_ids, text)
     if episode.frames is not None:

@@ -17,12 +17,6 @@ Usage::
 
     cache = VisionCache()
     cache.attach(model)            # any Qwen3-VL model (also under PEFT); returns the model
-
-A tower that trains (``freeze_vision: false``) cannot keep results across calls, but one call
-still repeats itself: the update scores contexts that differ in their text and show the same
-frame (in the ``tried`` mode about half of a step's frames). Inside :func:`distinct_frames`, a
-call encodes each distinct image of its batch once, with gradients, and hands each use its
-copy; the gradient of a shared image is the sum over its uses, as when each was encoded alone.
 """
 
 from __future__ import annotations
@@ -30,8 +24,6 @@ from __future__ import annotations
 import hashlib
 import types
 from collections import OrderedDict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -47,58 +39,6 @@ def find_vision_tower(model: torch.nn.Module) -> torch.nn.Module:
         if name.split(".")[-1] == "visual" and hasattr(module, "deepstack_merger_list"):
             return module
     raise VisionCacheError(f"{type(model).__name__} has no Qwen3-VL vision tower ('visual' with deepstack mergers)")
-
-
-def image_keys(hidden_states: torch.Tensor, grid_thw: torch.Tensor) -> tuple[list[bytes], tuple[torch.Tensor, ...]]:
-    """Each image's key (a digest of its patch bytes and grid) and its patches, from one tower call's inputs."""
-    pieces = torch.split(hidden_states, grid_thw.prod(-1).tolist())
-    keys = []
-    for piece, grid in zip(pieces, grid_thw, strict=True):
-        digest = hashlib.blake2b(piece.detach().contiguous().cpu().numpy().tobytes(), digest_size=16)
-        digest.update(grid.cpu().numpy().tobytes())
-        keys.append(digest.digest())
-    return keys, pieces
-
-
-@contextmanager
-def distinct_frames(model: torch.nn.Module) -> Iterator[None]:
-    """While open, each call of ``model``'s vision tower encodes each distinct image of its batch once
-    (the module docstring says why); the tower's own forward comes back on exit."""
-    from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
-
-    tower = find_vision_tower(model)
-    own = tower.__dict__.get("forward")  # an attached VisionCache's, or none (the class's)
-    encode = tower.forward
-
-    def forward(hidden_states: torch.Tensor, grid_thw: torch.Tensor, **kwargs: Any):
-        kwargs.pop("return_dict", None)
-        keys, pieces = image_keys(hidden_states, grid_thw)
-        first: dict[bytes, int] = {}
-        for index, key in enumerate(keys):
-            first.setdefault(key, index)
-        if len(first) == len(keys):
-            return encode(hidden_states, grid_thw=grid_thw, return_dict=True, **kwargs)
-        unique = list(first.values())
-        output = encode(torch.cat([pieces[i] for i in unique]), grid_thw=grid_thw[unique], return_dict=True, **kwargs)
-        tokens = [int(grid_thw[i].prod()) // tower.spatial_merge_size**2 for i in unique]
-        starts = dict(zip(first, torch.tensor([0, *tokens[:-1]]).cumsum(0).tolist(), strict=True))
-        size = dict(zip(first, tokens, strict=True))
-        rows = torch.cat([torch.arange(starts[key], starts[key] + size[key]) for key in keys])
-        rows = rows.to(output.pooler_output.device)
-        return BaseModelOutputWithDeepstackFeatures(
-            last_hidden_state=None,
-            pooler_output=output.pooler_output.index_select(0, rows),
-            deepstack_features=[feature.index_select(0, rows) for feature in output.deepstack_features],
-        )
-
-    tower.forward = forward
-    try:
-        yield
-    finally:
-        if own is None:
-            del tower.forward
-        else:
-            tower.forward = own
 
 
 class VisionCache:
@@ -140,7 +80,13 @@ class VisionCache:
         from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
 
         kwargs.pop("return_dict", None)
-        keys, pieces = image_keys(hidden_states, grid_thw)
+        patches = grid_thw.prod(-1).tolist()
+        pieces = torch.split(hidden_states, patches)
+        keys = []
+        for piece, grid in zip(pieces, grid_thw, strict=True):
+            digest = hashlib.blake2b(piece.detach().contiguous().cpu().numpy().tobytes(), digest_size=16)
+            digest.update(grid.cpu().numpy().tobytes())
+            keys.append(digest.digest())
         missing: dict[bytes, tuple[torch.Tensor, torch.Tensor]] = {}
         for key, piece, grid in zip(keys, pieces, grid_thw, strict=True):
             if key in self._store:

@@ -146,12 +146,6 @@ class GrpoConfig(StrictModel):
         description="Training-only cost of a reply that leaves the agent where it was (a wall bump, an unreadable "
         "reply); 0 disables it.",
     )
-    repeat_cost: float = Field(
-        0.0,
-        ge=0,
-        description="Training-only cost of a move made again from a cell it was made from before in the episode (a "
-        "repeated wall bump, a branch taken again after its dead end); needs no solver. 0 disables it.",
-    )
     stop_token_loss: bool = Field(
         True,
         description="true (SkyRL): the reply's end-of-turn token is trained like its other tokens; false (local "

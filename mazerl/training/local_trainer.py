@@ -211,11 +211,7 @@ class LocalGRPOTrainer:
             config.max_turns,
             maze_ids=[f"train/{self.pool[i][0]}" for i in indices for _ in range(config.group_size)],
             format_bonus=config.grpo.format_bonus,
-            shaping=Shaping(
-                progress_reward=config.grpo.progress_reward,
-                bump_cost=config.grpo.bump_cost,
-                repeat_cost=config.grpo.repeat_cost,
-            ),
+            shaping=Shaping(progress_reward=config.grpo.progress_reward, bump_cost=config.grpo.bump_cost),
         )
         record_success(self.last_success, indices, [episode.solved for episode in episodes], config.group_size)
         return episodes

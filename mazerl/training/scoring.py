@@ -37,7 +37,6 @@ import torch
 from mazerl.policy.attention import additive_mask, context_positions
 from mazerl.policy.chat import pad_id, pixel_inputs
 from mazerl.policy.prefix_engine import frame_digest
-from mazerl.policy.vision_cache import distinct_frames
 
 MICRO_BATCH_TOKENS = 8192  # padded row tokens per forward/backward chunk; bounds activation memory
 
@@ -244,15 +243,14 @@ def row_log_probs(
             "pixel_values": pixels["pixel_values"].to(device, dtype),
             "image_grid_thw": pixels["image_grid_thw"].to(device),
         }
-    with distinct_frames(model):  # rows at one cell show one frame: the tower encodes it once
-        logits = model(
-            input_ids=input_ids.to(device),
-            attention_mask=additive_mask(_allowed(batch, width).to(device), dtype),
-            position_ids=positions.to(device),
-            logits_to_keep=keep.to(device),
-            use_cache=False,
-            **extra,
-        ).logits.float()  # (kept positions, V)
+    logits = model(
+        input_ids=input_ids.to(device),
+        attention_mask=additive_mask(_allowed(batch, width).to(device), dtype),
+        position_ids=positions.to(device),
+        logits_to_keep=keep.to(device),
+        use_cache=False,
+        **extra,
+    ).logits.float()  # (kept positions, V)
     log_softmax = torch.log_softmax(logits / temperature, dim=-1)
     longest = max(len(packed.sample_tokens[s]) for s in samples)
     at, targets, out_rows, out_cols = [], [], [], []

@@ -378,7 +378,6 @@ def dataset_rows(config: TrainConfig) -> tuple[list[dict[str, Any]], list[dict[s
             "format_bonus": config.grpo.format_bonus,
             "progress_reward": config.grpo.progress_reward,
             "bump_cost": config.grpo.bump_cost,
-            "repeat_cost": config.grpo.repeat_cost,
         }
         for seed, _ in training_pool(eval_set, config.train_pool_size)
     ]
