@@ -84,9 +84,9 @@ def demonstrator_action(layout: Layout, cell: tuple[int, int], tried: frozenset[
     if cell == layout.target:
         return int(Action.STOP)
     open_moves = [
-        (abs(cell[0] + dr - layout.target[0]) + abs(cell[1] + dc - layout.target[1]), action)
-        for action, (dr, dc) in DIRECTIONS.items()
-        if not layout.walls[cell[0] + dr, cell[1] + dc]
+        (abs(n[0] - layout.target[0]) + abs(n[1] - layout.target[1]), action)
+        for action, n in _around(cell).items()
+        if not layout.walls[n]
     ]
     untried = [move for move in open_moves if move[1] not in tried]
     return min(untried or open_moves)[1]
