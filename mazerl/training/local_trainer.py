@@ -205,28 +205,19 @@ class LocalGRPOTrainer:
             max_new_tokens=config.grpo.max_new_tokens,
             seed=step_seed(config.seed, step),
         )
-        greedy = int(config.grpo.greedy_in_group)
-        groups = [self._play_group(indices, settings, config.group_size - greedy)]
-        if greedy:  # one greedy episode per maze, last in its group
-            groups.append(
-                self._play_group(indices, GenerationSettings(greedy=True, max_new_tokens=settings.max_new_tokens), 1)
-            )
-        episodes = [episode for per_maze in zip(*groups, strict=True) for group in per_maze for episode in group]
+        copies = range(config.group_size)
+        last = config.group_size - 1
+        episodes = self._play(
+            [self.pool[i][1] for i in indices for _ in copies],
+            settings,
+            config.max_turns,
+            maze_ids=[f"train/{self.pool[i][0]}" for i in indices for _ in copies],
+            format_bonus=config.grpo.format_bonus,
+            shaping=Shaping(progress_reward=config.grpo.progress_reward, bump_cost=config.grpo.bump_cost),
+            greedy=[config.grpo.greedy_in_group and copy == last for _ in indices for copy in copies],
+        )
         record_success(self.last_success, indices, [episode.solved for episode in episodes], config.group_size)
         return episodes
-
-    def _play_group(self, indices: list[int], settings: GenerationSettings, copies: int) -> list[list[Episode]]:
-        """``copies`` training episodes of each pool maze in ``indices``, grouped per maze."""
-        grpo = self.config.grpo
-        episodes = self._play(
-            [self.pool[i][1] for i in indices for _ in range(copies)],
-            settings,
-            self.config.max_turns,
-            maze_ids=[f"train/{self.pool[i][0]}" for i in indices for _ in range(copies)],
-            format_bonus=grpo.format_bonus,
-            shaping=Shaping(progress_reward=grpo.progress_reward, bump_cost=grpo.bump_cost),
-        )
-        return [episodes[n * copies : (n + 1) * copies] for n in range(len(indices))]
 
     def _play(self, layouts: list[Any], settings: GenerationSettings, max_moves: int, **options: Any) -> list[Episode]:
         """Episodes of the current policy (adapter merged into a copy) on ``layouts``, batched per turn."""
