@@ -125,27 +125,6 @@ def test_a_run_with_retries_resumes_bitwise_and_retries_the_split_mazes(tmp_path
     assert all(torch.equal(a[key], b[key]) for key in a), "the resumed run drew other mazes or trained otherwise"
 
 
-def test_greedy_in_group_plays_each_groups_last_episode_greedily(tmp_path, starter_model_dir):
-    # Given groups of 3 with greedy_in_group, when a step's rollout is played, then each maze's
-    # group is contiguous, its first two episodes are sampled at the temperature and its last is
-    # the one a separate greedy play of that maze gives (the oracle: the eval's own settings).
-    from mazerl.policy.engines import GenerationSettings
-
-    grpo = {"samples_per_maze": 3, "temperature": 1.5, "greedy_in_group": True}
-    config = tiny_config(tmp_path, starter_model_dir, mazes_per_step=2, max_turns=6, grpo=grpo)
-    trainer = LocalGRPOTrainer(config, log=lambda _: None)
-    trainer._build(None)
-    episodes = trainer._rollout(1)
-    groups = [episodes[0:3], episodes[3:6]]
-    assert len(episodes) == 6 and all(len({e.maze_id for e in group}) == 1 for group in groups)
-    greedy = trainer._play(
-        [group[0].layout for group in groups], GenerationSettings(greedy=True, max_new_tokens=8), config.max_turns
-    )
-    assert [group[-1].actions for group in groups] == [episode.actions for episode in greedy]
-    sampled = [episode.actions for group in groups for episode in group[:2]]
-    assert any(actions not in [e.actions for e in greedy] for actions in sampled), "the others are sampled"
-
-
 def test_complete_run_does_no_work_and_says_so(tmp_path, starter_model_dir):
     config = tiny_config(tmp_path, starter_model_dir, steps=1)
     LocalGRPOTrainer(config, log=lambda _: None).run()

@@ -127,8 +127,6 @@ def test_bad_runner_arguments_are_refused(processor, eval_set):
     engine = SolverEngine(processor, cell_px=16)
     with pytest.raises(ValueError, match="maze_ids"):
         run_episodes(engine, processor, eval_set.layouts[:2], GREEDY, maze_ids=["only-one"])
-    with pytest.raises(ValueError, match="greedy has 1 entries"):
-        run_episodes(engine, processor, eval_set.layouts[:2], GREEDY, greedy=[True])
     with pytest.raises(ValueError, match="history_images"):
         run_episodes(engine, processor, eval_set.layouts[:2], GREEDY, history_images=0)
     with pytest.raises(ValueError, match="format_bonus"):
@@ -150,21 +148,3 @@ def test_starter_rollouts_are_reproducible_with_a_seed(starter_model_dir, eval_s
     # then every reply is the same
     assert [e.actions for e in first] == [e.actions for e in again]
     assert all(len(e.turns) == e.moves for e in first)
-
-
-def test_greedy_episodes_in_a_sampled_batch_play_as_the_greedy_and_sampled_batches_alone(starter_model_dir, eval_set):
-    # Given 3 mazes x 3 episodes, the last of each played greedily (training's greedy_in_group),
-    # then the greedy ones are what a greedy batch of those mazes plays, and the sampled ones what
-    # a sampled batch of the others plays with the same seed (the hf engine: no state across calls).
-    policy = load_policy(starter_model_dir, device="cpu")
-    engine = HFEngine.from_policy(policy)
-    sampled = GenerationSettings(greedy=False, temperature=1.5, max_new_tokens=12, seed=3)
-    layouts = [layout for layout in eval_set.layouts[:3] for _ in range(3)]
-    flags = [copy == 2 for _ in range(3) for copy in range(3)]
-    mixed = run_episodes(engine, policy.processor, layouts, sampled, max_moves=6, greedy=flags)
-    greedy_alone = run_episodes(engine, policy.processor, eval_set.layouts[:3], GREEDY, max_moves=6)
-    others = [layout for layout, flag in zip(layouts, flags, strict=True) if not flag]
-    sampled_alone = run_episodes(engine, policy.processor, others, sampled, max_moves=6)
-    assert [e.actions for e in mixed[2::3]] == [e.actions for e in greedy_alone]
-    assert [e.actions for e, flag in zip(mixed, flags, strict=True) if not flag] == [e.actions for e in sampled_alone]
-    assert [e.actions for e in sampled_alone] != [e.actions for e in greedy_alone for _ in range(2)], "sampling varies"

@@ -194,7 +194,6 @@ def test_kl_coefficient_turns_the_kl_loss_on(tmp_path):
         ({"grpo": {"credit": "turn", "progress_reward": 0.5}}, "grpo.credit"),
         ({"grpo": {"stop_token_loss": False}}, "grpo.stop_token_loss"),
         ({"retry_share": 0.25}, "retry_share"),
-        ({"grpo": {"greedy_in_group": True}}, "grpo.greedy_in_group"),
         ({"lora": {"target_modules": ["q_proj", "lm_head"]}}, "lm_head"),
         ({"lora": {"alpha": 16.5}}, "lora.alpha"),
         ({"lora": {"rank": 4, "alpha": 8}}, "lora.rank"),  # vLLM serves 1, 8, 16, 32, ... only

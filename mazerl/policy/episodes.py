@@ -94,7 +94,6 @@ class _Running:
     reward: float = 0.0
     solved: bool = False
     done: bool = False
-    greedy: bool = False  # played greedily whatever the call's settings (run_episodes' ``greedy``)
 
 
 def run_episodes(
@@ -113,7 +112,6 @@ def run_episodes(
     format_bonus: float = 0.0,
     shaping: Shaping | None = None,
     on_turn: Callable[[int, int], None] | None = None,
-    greedy: Sequence[bool] | None = None,
 ) -> list[Episode]:
     """Play every layout once with the policy behind ``engine``; episodes come back in input order.
 
@@ -121,21 +119,16 @@ def run_episodes(
     :class:`~mazerl.policy.engines.HFEngine`). ``settings.seed`` (if set) is combined with the turn index, so a
     sampled batch is reproducible on CPU. ``on_turn(turn, active)`` is called before each
     turn's generation (for progress output). ``shaping`` (training only) records each turn's
-    shaping reward in ``Turn.shaping``; it never enters ``reward`` or ``solved``. ``greedy``
-    (training's ``grpo.greedy_in_group``): per layout, True plays it greedily whatever
-    ``settings`` say, in a second call to the same engine each turn (whose stored contexts it shares).
+    shaping reward in ``Turn.shaping``; it never enters ``reward`` or ``solved``.
     """
     if isinstance(engine, torch.nn.Module):  # a transformers model has a generate() too, with another signature
         raise TypeError(f"engine is a bare {type(engine).__name__}; pass an engine, e.g. HFEngine(model, processor)")
     check_context_mode(history_images, history_text)
     check_format_bonus(format_bonus)
-    for name, given in (("maze_ids", maze_ids), ("greedy", greedy)):
-        if given is not None and len(given) != len(layouts):
-            raise ValueError(f"{name} has {len(given)} entries for {len(layouts)} layouts; give one per layout")
+    if maze_ids is not None and len(maze_ids) != len(layouts):
+        raise ValueError(f"maze_ids has {len(maze_ids)} entries for {len(layouts)} layouts; give one per layout")
     shaping = shaping if shaping is not None and shaping.active else None
     running = [_start(layout, max_moves, action_format, cell_px, keep_frames, shaping) for layout in layouts]
-    for episode, plays_greedily in zip(running, greedy or [], strict=False):
-        episode.greedy = plays_greedily
     for turn in range(max_moves):
         active = [episode for episode in running if not episode.done]
         if not active:
@@ -144,27 +137,11 @@ def run_episodes(
             on_turn(turn, len(active))
         contexts = [render(processor, episode.conversation, history_images, history_text) for episode in active]
         requests = [GenerationRequest(input_ids=ids, images=images) for ids, images in contexts]
-        results = _generate(engine, requests, [episode.greedy for episode in active], settings.for_turn(turn))
+        results = engine.generate(requests, settings.for_turn(turn))
         for episode, (ids, images), result in zip(active, contexts, results, strict=True):
             _advance(episode, ids, images, result, format_bonus, shaping)
     ids = maze_ids if maze_ids is not None else [f"maze/{index}" for index in range(len(layouts))]
     return [_finish(episode, maze_id) for episode, maze_id in zip(running, ids, strict=True)]
-
-
-def _generate(
-    engine: InferenceEngine, requests: list[GenerationRequest], greedy: list[bool], settings: GenerationSettings
-) -> list[GenerationResult]:
-    """One turn's replies: the sampled requests with ``settings``, the greedy ones (if any) greedily."""
-    if settings.greedy or not any(greedy):
-        return engine.generate(requests, settings)
-    argmax = GenerationSettings(greedy=True, max_new_tokens=settings.max_new_tokens)
-    results: list[GenerationResult | None] = [None] * len(requests)
-    for mode, decoding in ((False, settings), (True, argmax)):
-        chosen = [index for index, flag in enumerate(greedy) if flag == mode]
-        if chosen:
-            for index, result in zip(chosen, engine.generate([requests[i] for i in chosen], decoding), strict=True):
-                results[index] = result
-    return [result for result in results if result is not None]
 
 
 def _start(

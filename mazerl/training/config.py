@@ -153,13 +153,6 @@ class GrpoConfig(StrictModel):
         "unchanged). The stop token ends every reply, and longer failed episodes carry more of it, so an "
         "outcome-only update pushes it down step after step until replies stop ending and run to max_new_tokens.",
     )
-    greedy_in_group: bool = Field(
-        False,
-        description="true (local backend): one of each group's samples_per_maze episodes is played greedily, the "
-        "others sampled at the temperature. The greedy eval's policy can lock: a reply made again on the same "
-        "frame gives it the context it had, and it repeats to the end of the budget; sampled rollouts seldom "
-        "reach those states, so nothing trains them away. The greedy sample does, at no extra episodes.",
-    )
     credit: Literal["episode", "turn", "anchor"] = Field(
         "episode",
         description="episode (SkyRL's GRPO): the shaping terms join the episode's reward and every turn shares one "

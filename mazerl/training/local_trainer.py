@@ -205,16 +205,13 @@ class LocalGRPOTrainer:
             max_new_tokens=config.grpo.max_new_tokens,
             seed=step_seed(config.seed, step),
         )
-        copies = range(config.group_size)
-        last = config.group_size - 1
         episodes = self._play(
-            [self.pool[i][1] for i in indices for _ in copies],
+            [self.pool[i][1] for i in indices for _ in range(config.group_size)],
             settings,
             config.max_turns,
-            maze_ids=[f"train/{self.pool[i][0]}" for i in indices for _ in copies],
+            maze_ids=[f"train/{self.pool[i][0]}" for i in indices for _ in range(config.group_size)],
             format_bonus=config.grpo.format_bonus,
             shaping=Shaping(progress_reward=config.grpo.progress_reward, bump_cost=config.grpo.bump_cost),
-            greedy=[config.grpo.greedy_in_group and copy == last for _ in indices for copy in copies],
         )
         record_success(self.last_success, indices, [episode.solved for episode in episodes], config.group_size)
         return episodes

@@ -152,12 +152,6 @@ def _check_generation(config: TrainConfig) -> None:
             "grpo.stop_token_loss (False) is not supported by the SkyRL backend: its loss mask covers every "
             "generated token, the stop token included; set grpo.stop_token_loss: true or use backend: local"
         )
-    if config.grpo.greedy_in_group:
-        raise SkyrlConfigError(
-            "grpo.greedy_in_group (True) is not supported by the SkyRL backend: its generator samples every "
-            "trajectory of a group with the same sampling params; set grpo.greedy_in_group: false or use "
-            "backend: local"
-        )
     if config.retry_share > 0:
         raise SkyrlConfigError(
             f"retry_share ({config.retry_share}) is not supported by the SkyRL backend: its dataloader walks the "
