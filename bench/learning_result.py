@@ -277,11 +277,10 @@ def context_words(config: dict) -> str:
     text = config["history_text"]
     if text == "feedback":
         return f"the task prompt, {frames} and the last feedback line after a reply that got nowhere (`feedback`)"
-    if text in ("tried", "tried_all"):
-        each = " each time given" if text == "tried_all" else ""
+    if text == "tried":
         return (
             f"the task prompt, {frames}, the last feedback line after a reply that got nowhere and the replies given "
-            f"before on the same frame{each} (`{text}`)"
+            "before on the same frame (`tried`)"
         )
     if text == "all":
         return f"the whole text history and {frames}"

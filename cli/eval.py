@@ -103,8 +103,8 @@ def add_eval_command(subparsers: argparse._SubParsersAction) -> None:
         "--history-text",
         type=_history_text,
         default=None,
-        help="'all', K past exchanges, 'feedback' (the last feedback line only), 'tried' (also the replies given "
-        "before on the same frame) or 'tried_all' (those replies each time given); default: the model's",
+        help="'all', K past exchanges, 'feedback' (the last feedback line only) or 'tried' (also the replies given "
+        "before on the same frame); default: the model's",
     )
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--data-root", default=None, help="data root (default $MAZERL_HOME or ./.mazerl)")

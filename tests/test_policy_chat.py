@@ -254,27 +254,6 @@ def test_history_text_tried_names_the_replies_given_before_on_the_same_frame(pro
         assert len(images) == 1 and np.array_equal(images[0], frame)
 
 
-def test_history_text_tried_all_names_a_reply_each_time_it_was_given_there(processor):
-    # given a walk that bumps the same wall three times from the start
-    env = MazeEnv(size=7, cell_px=16, max_moves=50)
-    frame, _ = env.reset(seed=3)
-    walls, start = env.layout.walls, env.layout.agent
-    bump = next(a for a, (dr, dc) in DIRECTIONS.items() if walls[start[0] + dr, start[1] + dc])
-    conversation, all_contexts = walk_contexts(processor, env, frame, (bump, bump, bump), "tried_all")
-    _, once_contexts = walk_contexts(processor, env, env.reset(seed=3)[0], (bump, bump, bump), "tried")
-    all_texts = [processor.tokenizer.decode(ids) for ids, _ in all_contexts]
-    once_texts = [processor.tokenizer.decode(ids) for ids, _ in once_contexts]
-    # then "tried" shows the same context after the second bump as after the first (a greedy lock)
-    assert once_texts[2] == once_texts[3]
-    # and "tried_all" names the reply once, twice, three times, so each context is new
-    reply = action_text(bump)
-    for turn in (1, 2, 3):
-        assert f"Answered on this frame before: {'; '.join([reply] * turn)}." in all_texts[turn], all_texts[turn][:400]
-    assert len(set(all_texts)) == 4
-    # and before any repeat the two modes show the same context
-    assert all_texts[:2] == once_texts[:2]
-
-
 def conversation_upto(conversation: Conversation, turns: int) -> Conversation:
     """The first ``turns`` exchanges of a conversation."""
     return Conversation(conversation.observations[: turns + 1], conversation.replies[:turns])

@@ -66,22 +66,6 @@ def test_exploring_walks_end_on_their_cell_and_never_tried_the_answer_there():
     assert tried_dead_end > 0
 
 
-def test_exploring_walks_never_take_a_move_twice_from_a_cell():
-    # The memory line of history_text "tried_all" names a reply each time it was given, "tried"
-    # each reply once: on walks that never repeat a move from a cell the two are the same text,
-    # so a starter warm-started in "tried" has seen exactly the contexts of "tried_all".
-    for layout in [LAYOUT, *(Layout.generate(seed, 7) for seed in range(10**6, 10**6 + 8))]:
-        for row, col in zip(*np.nonzero(layout.walls == 0), strict=True):
-            cell = (int(row), int(col))
-            for seed in range(10):
-                walk = exploring_walk(layout, cell, 0.8, np.random.default_rng(seed))
-                taken, position = [], layout.agent
-                for action in walk:
-                    taken.append((position, action))
-                    position = _end(Layout(layout.walls, position, layout.target), [action])
-                assert len(taken) == len(set(taken)), (cell, seed, walk)
-
-
 def test_answer_noise_is_a_probability():
     for bad in (-0.1, 1.5):
         with pytest.raises(ValueError, match="answer_noise"):

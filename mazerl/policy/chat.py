@@ -30,10 +30,7 @@ Two settings say how much of the past a context shows (the *context mode*):
   on the same frame ("Answered on this frame before: ('move', 3)."): back at a junction after a
   dead end, the context differs from the first visit's, so a policy that took the wrong branch
   can take another (with one frame it sees the same context and repeats itself). The context is
-  then a function of the state and of what was tried from it. ``"tried_all"`` names each reply
-  as often as it was given there ("...: ('move', 3); ('move', 3)."), so a reply made again on
-  the same frame changes the next context: with ``"tried"`` it does not, and a greedy policy
-  that repeated itself once repeats until the budget is spent.
+  then a function of the state and of what was tried from it.
 - ``history_images``: the frames of the last K shown observations (``"all"``: every frame, as
   the reference does); older shown observations keep their feedback text only.
 
@@ -53,13 +50,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from mazerl.policy.context_mode import (
-    CURRENT_FRAME_MODES,
-    MEMORY_MODES,
-    HistoryImages,
-    HistoryText,
-    check_context_mode,
-)
+from mazerl.policy.context_mode import CURRENT_FRAME_MODES, HistoryImages, HistoryText, check_context_mode
 
 # Private-use characters: never produced by a tokenizer's decode of ordinary text, and
 # passed through unchanged by chat templates.
@@ -139,22 +130,19 @@ def image_tokens_per_frame(processor: Any, height: int, width: int) -> int:
 TRIED_PREFIX = "Answered on this frame before: "  # history_text "tried": the memory line's opening words
 
 
-def answered_on_frame(conversation: Conversation, repeats: bool = False) -> list[str]:
-    """The replies given earlier in the episode on the frame the policy sees now, in order: each
-    once, or with ``repeats`` each time it was given (history_text "tried_all").
+def answered_on_frame(conversation: Conversation) -> list[str]:
+    """The distinct replies given earlier in the episode on the frame the policy sees now, in order.
 
     A frame shows the whole maze and the agent, so an identical frame is the same cell: this is
     the memory a branch can be undone with (a dead end's way back leads to a junction whose
-    frame the policy has answered before), taken from the policy's own frames and replies. With
-    each reply once, a reply made again leaves the context as it was, and a greedy policy that
-    repeated itself once repeats to the end of the budget; with repeats the context moves on.
+    frame the policy has answered before), taken from the policy's own frames and replies.
     """
     observations = conversation.observations
     frame = observations[-1].frame
     answered: list[str] = []
     for reply, seen in zip(conversation.replies, observations, strict=False):
         text = " ".join(reply.text.split())
-        if text and (repeats or text not in answered) and np.array_equal(seen.frame, frame):
+        if text and text not in answered and np.array_equal(seen.frame, frame):
             answered.append(text)
     return answered
 
@@ -170,7 +158,7 @@ def _messages(
         lines = [observations[0].text]
         if current > 0 and np.array_equal(frame, observations[current - 1].frame):
             lines.append(observations[current].text)  # the last reply got nowhere: say why
-        if history_text in MEMORY_MODES and (answered := answered_on_frame(conversation, history_text == "tried_all")):
+        if history_text == "tried" and (answered := answered_on_frame(conversation)):
             lines.append(f"{TRIED_PREFIX}{'; '.join(answered)}.")
         return (
             [{"role": "user", "content": [{"type": "text", "text": "\n".join(lines)}, {"type": "image"}]}],

@@ -11,14 +11,11 @@ from __future__ import annotations
 from typing import Literal
 
 HistoryImages = int | Literal["all"]  # frames shown: the last N (1: the current frame only), or all
-# Earlier turns' text kept: N turns, all, the last feedback line, or that line and what was answered before on
-# this frame (each reply once: tried; each time it was given: tried_all)
-HistoryText = int | Literal["all", "feedback", "tried", "tried_all"]
+# Earlier turns' text kept: N turns, all, the last feedback line, or that line and what was answered before on this frame
+HistoryText = int | Literal["all", "feedback", "tried"]
 
 # The Markov modes: the current frame only, so each needs history_images 1.
-CURRENT_FRAME_MODES = ("feedback", "tried", "tried_all")
-# The modes with a memory line of the replies given before on the current frame.
-MEMORY_MODES = ("tried", "tried_all")
+CURRENT_FRAME_MODES = ("feedback", "tried")
 
 
 class ContextModeError(ValueError):
@@ -35,21 +32,20 @@ def check_history_images(history_images: HistoryImages) -> HistoryImages:
 
 
 def check_history_text(history_text: HistoryText) -> HistoryText:
-    """``"all"``, one of CURRENT_FRAME_MODES or an integer >= 0; anything else is refused with the fix."""
+    """``"all"``, ``"feedback"``, ``"tried"`` or an integer >= 0; anything else is refused with the fix."""
     if history_text in ("all", *CURRENT_FRAME_MODES) or (
         isinstance(history_text, int) and not isinstance(history_text, bool) and history_text >= 0
     ):
         return history_text
     raise ContextModeError(
-        f"history_text={history_text!r} must be 'all', 'feedback', 'tried', 'tried_all' or an integer >= 0 (0: the "
-        "task prompt and the current frame only; 'feedback': also the last feedback line; 'tried': also what was "
-        "answered before on this frame; 'tried_all': that, each time it was answered; 1: also the last reply and "
-        "its feedback)"
+        f"history_text={history_text!r} must be 'all', 'feedback', 'tried' or an integer >= 0 (0: the task prompt and "
+        "the current frame only; 'feedback': also the last feedback line; 'tried': also what was answered before on "
+        "this frame; 1: also the last reply and its feedback)"
     )
 
 
 def check_context_mode(history_images: HistoryImages, history_text: HistoryText) -> None:
-    """Both settings valid, and consistent: the CURRENT_FRAME_MODES show the current frame only."""
+    """Both settings valid, and consistent: ``"feedback"`` and ``"tried"`` show the current frame only."""
     check_history_images(history_images)
     check_history_text(history_text)
     if history_text in CURRENT_FRAME_MODES and history_images != 1:

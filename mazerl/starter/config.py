@@ -26,7 +26,7 @@ class StarterConfig(BaseModel):
     history_images: int | Literal["all"] = Field(
         1, description="Frames in the context the starter is trained on (and should be run with)."
     )
-    history_text: int | Literal["all", "feedback", "tried", "tried_all"] = Field(
+    history_text: int | Literal["all", "feedback", "tried"] = Field(
         "tried",
         description="Past exchanges kept as text in its contexts (mazerl.policy.chat); feedback: the task prompt, the "
         "current frame and the last feedback line after a reply that got nowhere, so the context is a function of "

@@ -23,7 +23,6 @@ from envs.evalset import EvalSet
 from envs.maze import DIRECTIONS, Action, Layout, MazeEnv, action_text, solve_actions
 from envs.pool import training_pool, world_capacity
 from mazerl.policy.chat import Conversation, end_of_turn_id, render
-from mazerl.policy.context_mode import MEMORY_MODES
 
 WALL_CLASS = 5  # per-cell classes: 0-3 move, 4 stop (the target), 5 wall
 
@@ -228,7 +227,7 @@ def build_states(
 
     Walks are replayed through :class:`MazeEnv`, so feedback texts and frames are the env's own.
     """
-    exploring = history_text in MEMORY_MODES
+    exploring = history_text == "tried"
     cells = state_cells(layouts, max_moves, noise, seed, exploring)
     if max_states is not None and max_states < len(cells):
         chosen = np.random.default_rng([seed, 1]).permutation(len(cells))[:max_states]
