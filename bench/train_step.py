@@ -1,6 +1,6 @@
 """One GRPO step of the local engine, old path against new, side by side in one run.
 
-    python bench/train_step.py --model .mazerl/models/maze-starter-v5 [--steps 2]
+    python bench/train_step.py --model .mazerl/models/maze-starter-v6 [--steps 2]
 
 At the embedded recipe's settings (mazerl.training.recipes.EMBEDDED_TRAINING: 16 mazes x 8 samples),
 each measured step runs three ways from the same weights (restored in between, so every

@@ -24,7 +24,7 @@ def add_build_starter_command(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("build-starter", help="build the tiny Qwen3-VL starter model (about 5-10 min)")
     parser.add_argument("--reduced", action="store_true", help="the seconds-long CI build (barely trained)")
     parser.add_argument(
-        "--out", default=None, help="model directory to create; default <data root>/models/maze-starter-v5"
+        "--out", default=None, help="model directory to create; default <data root>/models/maze-starter-v6"
     )
     parser.add_argument(
         "--ship",

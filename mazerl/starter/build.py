@@ -48,7 +48,7 @@ from mazerl.starter.record import RECORD_FILE, StarterError, read_record
 from mazerl.starter.shipped import SHIPPED_NAME, shipped_starter
 from mazerl.starter.warmstart import warm_start as run_warm_start
 
-STARTER_NAME = SHIPPED_NAME  # maze-starter-v5: v4 warm-started in history_text 'tried', 1.2 epochs
+STARTER_NAME = SHIPPED_NAME  # maze-starter-v6: v5 with answer_noise 0.85 (history_text 'tried', 1.2 epochs)
 SPECIAL_TOKENS = (
     "<|endoftext|>",
     "<|im_start|>",

@@ -32,7 +32,7 @@ class StarterConfig(BaseModel):
         "current frame and the last feedback line after a reply that got nowhere, so the context is a function of "
         "the state and a bump changes it (the embedded recipe trains with the same value). 0 (no feedback) left a "
         "greedy policy bumping the same wall forever; 1 (the last reply too) gave the way back away in every dead "
-        "end: greedy 2-cycles. tried (maze-starter-v5): feedback plus the replies given before on the same frame, "
+        "end: greedy 2-cycles. tried (maze-starter-v5, v6): feedback plus the replies given before on the same frame, "
         "warm-started on walks that back out of wrong branches (mazerl.starter.states.exploring_walk), so a policy "
         "back at a junction can take another branch (v4, feedback: 40.2% -> 71.5-73.0%; v5: 44.9% -> 78.5-78.9%).",
     )
@@ -59,19 +59,21 @@ class StarterConfig(BaseModel):
         0.3, ge=0, le=1, description="Per-step chance of a wall bump or dead-end excursion in warm-start histories."
     )
     answer_noise: float = Field(
-        0.6,
+        0.85,
         ge=0,
         le=1,
         description="Chance that a warm-start answer is the move of a demonstrator that heads for the red square "
         "instead of the solver's (mazerl.starter.states.demonstrator_action): where the maze leads round, the "
         "starter's mistakes become near-ties that GRPO can sharpen (v3, the solver only: 0, was confidently wrong "
-        "where it failed; 0.6 gives GRPO +20 points in 40 steps, docs/performance.md). 0: the solver only.",
+        "where it failed; 0.6 (v4, v5) gave GRPO +20 points in 40 steps, docs/performance.md). 0.85 (v6): the "
+        "answers teach less of the way, so the same epochs reach the same greedy share with more read of the maze "
+        "(the per-cell heads), and GRPO from it goes further. 0: the solver only.",
     )
     epochs: float = Field(
         1.2,
         gt=0,
-        description="Passes over the warm-start states (fractional allowed). 1.2 (v5, tried): 44.9% greedy; 0.9: "
-        "48.0%, 0.6: 33.2% (v4, feedback, stopped at 0.8: 40.2%).",
+        description="Passes over the warm-start states (fractional allowed). 1.2 (v6, answer_noise 0.85): 44.5% "
+        "greedy; 0.8: 31.6%, 1.6: 52.0% (v5, answer_noise 0.6: 44.9% at 1.2; v4, feedback, stopped at 0.8: 40.2%).",
     )
     schedule_epochs: float | None = Field(
         2.0,

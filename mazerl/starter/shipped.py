@@ -17,10 +17,10 @@ import hashlib
 import os
 from pathlib import Path
 
-SHIPPED_NAME = "maze-starter-v5"
+SHIPPED_NAME = "maze-starter-v6"
 SHIPPED_DIR = Path(__file__).parent / "data" / SHIPPED_NAME
 # SHA-256 over (file name, file SHA-256) of every file in SHIPPED_DIR, by name (directory_digest).
-SHIPPED_DIGEST = "e1e08446f9a5c4869a00f98e94b9a7b875e574824029b61176d2a9518b6db5f5"
+SHIPPED_DIGEST = "a1e0bc523425663c58033c3548bef3b60ac3d9353379b6416c4adf63b4862660"
 
 
 class ShippedStarterError(ValueError):

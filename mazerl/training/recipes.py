@@ -36,7 +36,7 @@ MINIATURE_TRAINING: dict[str, Any] = {
 # docs/training.md's recipe table, which links each into docs/performance.md.
 EMBEDDED_TRAINING: dict[str, Any] = {
     "history_images": 1,
-    "history_text": "tried",  # as maze-starter-v5 was warm-started: back at a junction it can take another branch
+    "history_text": "tried",  # as maze-starter-v6 was warm-started: back at a junction it can take another branch
     "steps": 300,  # the greedy curve still rose from 200 to 300 steps
     "mazes_per_step": 16,
     "train_pool_size": 512,
