@@ -102,7 +102,8 @@ def test_a_run_with_retries_resumes_bitwise_and_retries_the_split_mazes(tmp_path
 
     # The shipped starter (it solves some samples and fails others), 2 mazes x 4 samples at
     # temperature 1.2, one slot a step for a retry: the record of each maze's last group goes into
-    # every checkpoint, so 1 step and a resume draw and train what 4 straight steps do.
+    # every checkpoint, so a run stopped just before its first retry and resumed draws and trains
+    # what 4 straight steps do (the stop follows the retry, wherever this starter's weights put it).
     starter_model_dir = shipped_starter()
     retry = {"mazes_per_step": 2, "retry_share": 0.5, "steps": 4, "max_turns": 10}
     grpo = {"update_epochs": 1, "samples_per_maze": 4, "temperature": 1.2}
@@ -113,12 +114,13 @@ def test_a_run_with_retries_resumes_bitwise_and_retries_the_split_mazes(tmp_path
     assert retried[0] == 0.0 and 1.0 in retried[1:], f"step 1 has no record yet; steps 2-4 should retry: {retried}"
     state = checkpoints.load_trainer_state(checkpoints.latest(straight.checkpoint_dir))
     assert state["maze_success"] and all(0.0 <= rate <= 1.0 for rate in state["maze_success"].values())
-    first = tiny_config(tmp_path / "b", starter_model_dir, grpo=grpo, **(retry | {"steps": 1}))
+    stop = retried.index(1.0)  # the last step before the first retry: that retry's record is in its checkpoint
+    first = tiny_config(tmp_path / "b", starter_model_dir, grpo=grpo, **(retry | {"steps": stop}))
     LocalGRPOTrainer(first, log=lambda _: None).run()
     resumed = tiny_config(tmp_path / "b", starter_model_dir, grpo=grpo, **retry)
     resumed_sink = MetricsSink()
     LocalGRPOTrainer(resumed, log=lambda _: None).run(metrics_sink=resumed_sink)
-    for step in (2, 3, 4):
+    for step in range(stop + 1, 5):
         for key in ("train/retry_mazes", "train/reward_mean", "train/policy_loss"):
             assert resumed_sink.by_step[step][key] == sink.by_step[step][key], (step, key)
     a, b = adapter_tensors(straight), adapter_tensors(resumed)
