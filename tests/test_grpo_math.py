@@ -36,6 +36,14 @@ def test_uniform_group_has_zero_advantage_and_singleton_keeps_reward():
     assert adv[3].item() == pytest.approx(0.7 / (1 + 1e-6)), "a group of one: mean 0, std 1 (SkyRL)"
 
 
+@pytest.mark.parametrize("reward", [1.9, 4.8, 0.2])
+def test_a_group_of_equal_rewards_that_do_not_average_exactly_still_has_zero_advantage(reward):
+    # Given 8 equal rewards whose float32 mean is off by rounding (1.9: 1.2e-7 below), when normalised
+    # in their group, then every advantage is exactly 0, not that rounding divided by 0 + 1e-6.
+    assert torch.tensor([reward] * 8).mean().item() != torch.tensor(reward).item()
+    assert torch.equal(group_advantages([reward] * 8, ["g"] * 8), torch.zeros(8))
+
+
 def test_groups_need_not_be_contiguous():
     a = group_advantages([1.0, 0.0, 0.0, 1.0], [1, 2, 1, 2])
     b = group_advantages([1.0, 0.0, 0.0, 1.0], [1, 1, 2, 2])
@@ -103,6 +111,17 @@ def test_turn_advantages_add_each_turns_shaping_less_its_group_mean():
 def test_turn_advantages_keep_the_outcome_when_every_turn_earned_the_same():
     advantages = turn_advantages([0.7, -0.7], [[0.5, 0.5], [0.5]], ["g", "g"])
     assert advantages == [[pytest.approx(0.7)] * 2, [pytest.approx(-0.7)]]
+
+
+def test_a_perfect_group_gets_exactly_zero_turn_advantages_so_the_trainer_skips_it():
+    # Given a maze whose 8 episodes all solved (outcome advantages 0) with every move the solver's
+    # (+0.3 each, 5 turns): sum([0.3] * 40) / 40 is not 0.3 in floating point,
+    assert sum([0.3] * 40) / 40 != 0.3
+    # when the turn advantages are computed, then every one is exactly 0 (the trainer skips a
+    # turn of advantage 0: no gradient), and a group beside it with mixed rewards keeps its credit.
+    advantages = turn_advantages([0.0] * 8 + [0.5, -0.5], [[0.3] * 5] * 8 + [[0.3], [-0.3]], ["g"] * 8 + ["h"] * 2)
+    assert all(value == 0.0 for episode in advantages[:8] for value in episode)
+    assert advantages[8:] == [[pytest.approx(0.8)], [pytest.approx(-0.8)]]
 
 
 def test_turn_advantages_refuse_mismatched_lengths():

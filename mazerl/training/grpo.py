@@ -3,6 +3,9 @@
 - Advantage (SkyRL ``compute_grpo_outcome_advantage``): an episode's summed reward minus
   its group mean, divided by the group's unbiased standard deviation + 1e-6. A group of
   one gets mean 0 and std 1. Every response token of the episode carries that value.
+  One deviation: a group whose rewards are all equal gets exactly 0 (:func:`centred`). Computed,
+  the mean of equal floats is off by rounding, which divided by 0 + 1e-6 became an advantage of
+  up to 0.3 (8 equal float32 rewards of 4.8) where upstream's formula means 0.
 - Policy loss (SkyRL ``ppo_policy_loss``, ``regular``): ``-min(r*A, clip(r, 1-eps_low,
   1+eps_high)*A)`` with ``r = exp(logp - logp_old)`` (log-ratio clamped at 20).
 - Reduction ``token_mean``: the sum of per-token losses divided by the number of
@@ -40,6 +43,18 @@ ADVANTAGE_EPSILON = 1e-6
 LOG_RATIO_CLAMP = 20.0
 
 
+def centred(values: torch.Tensor) -> torch.Tensor:
+    """``(values - mean) / (unbiased std + 1e-6)`` over a group of two or more, exactly 0 where all are equal.
+
+    Equal values mean no preference, but their computed mean is off by rounding (8 float32 copies of 1.9
+    average 1.2e-7 below 1.9), and divided by a standard deviation of 0 + 1e-6 that rounding was a sizeable
+    advantage (0.11 there) pushing every reply of the group the same way.
+    """
+    if bool((values == values[0]).all()):
+        return torch.zeros_like(values)
+    return (values - values.mean()) / (values.std(unbiased=True) + ADVANTAGE_EPSILON)
+
+
 def group_advantages(rewards: Sequence[float], group_ids: Sequence[object]) -> torch.Tensor:
     """(N,) rewards and group labels -> (N,) advantages, normalised within each group."""
     scores = torch.as_tensor(rewards, dtype=torch.float32)
@@ -49,11 +64,10 @@ def group_advantages(rewards: Sequence[float], group_ids: Sequence[object]) -> t
         groups.setdefault(group, []).append(index)
     for members in groups.values():
         group_scores = scores[members]
-        if len(members) == 1:
-            mean, std = torch.tensor(0.0), torch.tensor(1.0)
+        if len(members) == 1:  # SkyRL: mean 0, std 1
+            advantages[members] = (group_scores - torch.tensor(0.0)) / (torch.tensor(1.0) + ADVANTAGE_EPSILON)
         else:
-            mean, std = group_scores.mean(), group_scores.std(unbiased=True)
-        advantages[members] = (group_scores - mean) / (std + ADVANTAGE_EPSILON)
+            advantages[members] = centred(group_scores)
     return advantages
 
 
@@ -64,7 +78,9 @@ def turn_advantages(
 
     The group mean is over every turn of every episode of the group (the same maze), so a
     turn is credited relative to what the policy did elsewhere on that maze; a group whose
-    turns all earned the same keeps its episode advantages unchanged.
+    turns all earned the same keeps its episode advantages exactly (:func:`exact_mean`), so
+    where those are 0 too (every episode solved, every move the solver's) the trainer skips
+    the turns as carrying no gradient instead of scoring them for an advantage of 1e-17.
     """
     if not len(episode_advantages) == len(turn_rewards) == len(group_ids):
         raise ValueError(
@@ -74,11 +90,21 @@ def turn_advantages(
     totals: dict[object, list[float]] = {}
     for rewards, group in zip(turn_rewards, group_ids, strict=True):
         totals.setdefault(group, []).extend(rewards)
-    means = {group: sum(values) / len(values) if values else 0.0 for group, values in totals.items()}
+    means = {group: exact_mean(values) for group, values in totals.items()}
     return [
         [float(advantage) + float(reward) - means[group] for reward in rewards]
         for advantage, rewards, group in zip(episode_advantages, turn_rewards, group_ids, strict=True)
     ]
+
+
+def exact_mean(values: Sequence[float]) -> float:
+    """The mean, and exactly the value where all are equal: ``sum([0.3] * 10) / 10`` is 0.29999999999999993,
+    so a turn of 0.3 less it would be 5.6e-17 rather than 0 (0 for an empty list)."""
+    if not values:
+        return 0.0
+    if all(value == values[0] for value in values):
+        return float(values[0])
+    return sum(values) / len(values)
 
 
 def discounted_returns(rewards: Sequence[float], discount: float) -> list[float]:
@@ -120,8 +146,7 @@ def anchor_advantages(
     for members in anchors.values():
         if len(members) < 2:
             continue
-        values = torch.tensor([returns[e][t] for e, t in members], dtype=torch.float64)
-        normalised = (values - values.mean()) / (values.std(unbiased=True) + ADVANTAGE_EPSILON)
+        normalised = centred(torch.tensor([returns[e][t] for e, t in members], dtype=torch.float64))
         for (e, t), value in zip(members, normalised.tolist(), strict=True):
             step[e][t] = value
     return [
