@@ -283,6 +283,53 @@ def test_mini_batches_take_one_optimizer_step_each_and_score_old_log_probs_first
         assert 0 <= metrics["train/clip_fraction"] <= 1, "several optimizer steps per batch: the clip can bite"
 
 
+def test_a_reply_of_zero_advantage_is_not_scored_but_counts_in_the_loss_normaliser(
+    tmp_path, starter_model_dir, monkeypatch
+):
+    import mazerl.training.local_trainer as local_trainer
+
+    # Given one step of 2 mazes x 4 samples from the same seed, whose credit is set by hand: the
+    # second maze's turns +-0.5, the first maze's 0 (a perfect group) or, as the oracle that
+    # scores them, 1e-30 (what float rounding used to leave there),
+    recorded = []
+
+    def loss(log_probs, old, reference, advantages, mask, grpo, total):
+        recorded.append((len(advantages), total))
+        return micro_batch_loss(log_probs, old, reference, advantages, mask, grpo, total)
+
+    micro_batch_loss = local_trainer.micro_batch_loss
+    monkeypatch.setattr(local_trainer, "micro_batch_loss", loss)
+
+    def one_step(run_id, fill):
+        def credit(episodes, groups, grpo):
+            first = groups[0]
+            return [
+                [fill if group == first else (-1.0) ** (number + turn) * 0.5 for turn in range(len(e.turns))]
+                for number, (e, group) in enumerate(zip(episodes, groups, strict=True))
+            ]
+
+        monkeypatch.setattr(local_trainer, "turn_credit", credit)
+        grpo = {"update_epochs": 1, "samples_per_maze": 4, "temperature": 1.2}
+        config = tiny_config(tmp_path, starter_model_dir, run_id=run_id, steps=1, mazes_per_step=2, grpo=grpo)
+        sink = MetricsSink()
+        LocalGRPOTrainer(config, log=lambda _: None).run(metrics_sink=sink)
+        calls = list(recorded)
+        recorded.clear()
+        return sink.rows[0], calls
+
+    skipped, skipped_calls = one_step("zero", 0.0)
+    oracle, oracle_calls = one_step("tiny", 1e-30)
+    # when each is updated, then the zero-advantage replies were left out of the scoring,
+    scored = sum(n for n, _ in skipped_calls)
+    assert 0 < scored < sum(n for n, _ in oracle_calls), (skipped_calls, oracle_calls)
+    # over the same normaliser (every reply token of the mini-batch, as SkyRL's token_mean), so the
+    # loss and the gradient are the oracle's: a normaliser over the scored replies alone would scale both.
+    assert {total for _, total in skipped_calls} == {total for _, total in oracle_calls}
+    assert skipped["train/policy_loss"] == pytest.approx(oracle["train/policy_loss"], rel=1e-5)
+    assert skipped["train/grad_norm"] == pytest.approx(oracle["train/grad_norm"], rel=1e-5)
+    assert oracle["train/grad_norm"] > 0
+
+
 def test_mini_batch_mazes_must_divide_mazes_per_step(tmp_path, starter_model_dir):
     with pytest.raises(ValueError, match=r"mini_batch_mazes \(3\) must divide mazes_per_step \(8\).*such as 2"):
         tiny_config(tmp_path, starter_model_dir, mazes_per_step=8, mini_batch_mazes=3)

@@ -273,7 +273,7 @@ class LocalGRPOTrainer:
             TurnSample(turn.input_ids, turn.images, turn.response_ids, advantage, episode.maze_id, number)
             for number, (episode, advantages) in enumerate(zip(episodes, per_turn, strict=True))
             for turn, advantage in zip(episode.turns, advantages, strict=True)
-            if turn.response_ids and advantage != 0.0  # zero advantage: no gradient, skip the compute
+            if turn.response_ids
         ]
 
     def _update(self, samples: list[TurnSample]) -> dict[str, float]:
@@ -284,11 +284,14 @@ class LocalGRPOTrainer:
         # Mini-batches of whole GRPO groups (SkyRL's policy_mini_batch_size): one optimizer step
         # each. The scorer lays a mini-batch out once (each distinct token computed once, see
         # mazerl/training/scoring.py) in chunks (micro-batches) that bound activation memory.
+        # Without a KL term a reply of zero advantage carries no gradient and is not scored, but its
+        # tokens count in the normaliser as SkyRL's token_mean counts every reply of the mini-batch:
+        # skipping it saves the compute (most turns of a late step: docs/training.md), nothing else.
         minis = []
-        for group in mini_batches(samples, self.config.mini_batch_mazes):
-            chunks = scorer.prepare(group)
-            masks = [reply_mask([group[i] for i in chunk.samples], self.device) for chunk in chunks]
-            minis.append((group, chunks, normaliser(masks)))
+        for batch in mini_batches(samples, self.config.mini_batch_mazes):
+            group = [sample for sample in batch if sample.advantage != 0.0 or grpo.kl_coef > 0]
+            if group:
+                minis.append((group, scorer.prepare(group), normaliser([reply_mask(batch, self.device)])))
         old, ref = log_probs_before_update(scorer, self.model, [chunks for _, chunks, _ in minis], grpo.kl_coef > 0)
         # 4. update epochs over the same batch
         losses, clip_fracs, grad_norms, kls = [], [], [], []
@@ -395,7 +398,9 @@ class LocalGRPOTrainer:
             samples = self._samples(episodes)  # 2. advantages
             update_started = time.perf_counter()
             learning_rate = self.optimizer.param_groups[0]["lr"]
-            update_metrics = self._update(samples) if samples else {"train/policy_loss": 0.0, "train/grad_norm": 0.0}
+            # no advantage and no KL term: nothing to learn from, no update
+            moving = any(sample.advantage != 0.0 for sample in samples) or config.grpo.kl_coef > 0
+            update_metrics = self._update(samples) if moving else {"train/policy_loss": 0.0, "train/grad_norm": 0.0}
             self.scheduler.step()
             update_seconds = time.perf_counter() - update_started
             metrics = rollout_metrics(episodes) | {
