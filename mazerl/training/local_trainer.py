@@ -10,8 +10,8 @@ One step, in the order the loop runs:
   2. advantage each episode's reward relative to its group (same maze), SkyRL's GRPO;
   3. old logp  log-probs of every reply under the rollout policy (from the first update
                epoch's forward pass, before any optimizer step);
-  4. update    ``update_epochs`` passes of the clipped surrogate over every turn of every
-               episode (loss only on reply tokens; each turn scored in exactly the context,
+  4. update    ``update_epochs`` passes of the clipped surrogate over every turn with an
+               advantage (or every turn, with a KL term) (loss only on reply tokens; each turn scored in exactly the context,
                images included, that the rollout showed the policy); grad clip; AdamW step;
   5. eval      optional greedy eval every ``eval_interval`` steps;
   6. checkpoint every ``checkpoint_interval`` steps and at the end, atomically, the step's
@@ -279,19 +279,23 @@ class LocalGRPOTrainer:
     def _update(self, samples: list[TurnSample]) -> dict[str, float]:
         grpo = self.config.grpo
         _, normaliser = LOSS_REDUCTIONS[grpo.loss_reduction]
+        # Mini-batches of whole GRPO groups (SkyRL's policy_mini_batch_size): one optimizer step
+        # each. Without a KL term a reply of zero advantage carries no gradient and is not scored,
+        # but its tokens count in the normaliser as SkyRL's token_mean counts every reply of the
+        # mini-batch: skipping it saves the compute (most turns of a late step: docs/training.md),
+        # nothing else. Nothing left to score: nothing to learn from, no update.
+        batches = [
+            (scored, normaliser([reply_mask(batch, self.device)]))
+            for batch in mini_batches(samples, self.config.mini_batch_mazes)
+            if (scored := [sample for sample in batch if sample.advantage != 0.0 or grpo.kl_coef > 0])
+        ]
+        if not batches:
+            return {"train/policy_loss": 0.0, "train/grad_norm": 0.0}
+        # The scorer lays a mini-batch out once (each distinct token computed once, see
+        # mazerl/training/scoring.py) in chunks (micro-batches) that bound activation memory.
         scorer = self.scorer_class(self.model, self.processor, self.device, grpo.temperature)
         self.last_scorer = scorer
-        # Mini-batches of whole GRPO groups (SkyRL's policy_mini_batch_size): one optimizer step
-        # each. The scorer lays a mini-batch out once (each distinct token computed once, see
-        # mazerl/training/scoring.py) in chunks (micro-batches) that bound activation memory.
-        # Without a KL term a reply of zero advantage carries no gradient and is not scored, but its
-        # tokens count in the normaliser as SkyRL's token_mean counts every reply of the mini-batch:
-        # skipping it saves the compute (most turns of a late step: docs/training.md), nothing else.
-        minis = []
-        for batch in mini_batches(samples, self.config.mini_batch_mazes):
-            group = [sample for sample in batch if sample.advantage != 0.0 or grpo.kl_coef > 0]
-            if group:
-                minis.append((group, scorer.prepare(group), normaliser([reply_mask(batch, self.device)])))
+        minis = [(group, scorer.prepare(group), total) for group, total in batches]
         old, ref = log_probs_before_update(scorer, self.model, [chunks for _, chunks, _ in minis], grpo.kl_coef > 0)
         # 4. update epochs over the same batch
         losses, clip_fracs, grad_norms, kls = [], [], [], []
@@ -398,9 +402,7 @@ class LocalGRPOTrainer:
             samples = self._samples(episodes)  # 2. advantages
             update_started = time.perf_counter()
             learning_rate = self.optimizer.param_groups[0]["lr"]
-            # no advantage and no KL term: nothing to learn from, no update
-            moving = any(sample.advantage != 0.0 for sample in samples) or config.grpo.kl_coef > 0
-            update_metrics = self._update(samples) if moving else {"train/policy_loss": 0.0, "train/grad_norm": 0.0}
+            update_metrics = self._update(samples)  # 3. old log-probs, 4. update
             self.scheduler.step()
             update_seconds = time.perf_counter() - update_started
             metrics = rollout_metrics(episodes) | {
