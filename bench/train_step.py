@@ -3,17 +3,19 @@
     python bench/train_step.py --model .mazerl/models/maze-starter-v6 [--steps 2]
 
 At the embedded recipe's settings (mazerl.training.recipes.EMBEDDED_TRAINING: 16 mazes x 8 samples),
-each measured step runs three ways from the same weights (restored in between, so every
+each measured step runs four ways from the same weights (restored in between, so every
 variant sees the same policy and the same mazes):
 
 - **before**: the path this issue replaced: transformers' ``generate`` (HFEngine) and
   per-turn scoring, with the old context mode (``history_text: all``);
 - **old path, new mode**: the same engines on the recipe's Markov contexts
   (``history_text`` as the recipe), on exactly the batch the new path then scores;
-- **new**: the prefix-caching engine and the packed scorer (what training runs).
+- **new, prompt per row**: the prefix-caching engine and the packed scorer with each row
+  computing the task prompt itself (``share_prefix=False``), on the same batch;
+- **new**: the same, the task prompt computed once per micro-batch (what training runs).
 
 Per phase (rollout, update) it reports seconds and tokens: *existing* (every request's
-context and reply, what a per-turn path computes) and *computed*. The two updates of the
+context and reply, what a per-turn path computes) and *computed*. The three updates of the
 same batch must give the same loss (printed). Then it times a checkpoint write and a resume.
 The machine is shared: compare the columns of one run; absolute seconds carry the load
 average printed beside them. Writes its section of docs/performance.md.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import os
 import sys
@@ -47,6 +50,7 @@ from mazerl.training.seeding import seed_everything, step_seed  # noqa: E402
 VARIANTS = {  # name -> (engine, scorer, history_text override or None for the recipe's)
     "before": (HFEngine, PerTurnScorer, "all"),
     "old path, new mode": (HFEngine, PerTurnScorer, None),
+    "new, prompt per row": (PrefixCachingEngine, functools.partial(PackedScorer, share_prefix=False), None),
     "new": (PrefixCachingEngine, PackedScorer, None),
 }
 
@@ -66,7 +70,7 @@ def load() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="starter model directory")
-    parser.add_argument("--steps", type=int, default=2, help="measured steps (each run three ways)")
+    parser.add_argument("--steps", type=int, default=2, help="measured steps (each run four ways)")
     parser.add_argument("--training", default="{}", help="JSON overrides of the embedded recipe")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
@@ -104,7 +108,7 @@ def main() -> None:
                 existing, computed = rollout_tokens(episodes, trainer.last_engine)
                 if name == "old path, new mode":
                     shared = episodes
-                if name == "new":
+                if name.startswith("new"):
                     episodes = shared  # the update scores the batch the old path scored: same loss expected
                 samples = trainer._samples(episodes)
                 started = time.perf_counter()
@@ -150,7 +154,11 @@ def write_report(config, results, checkpoint_s, resume_s, loads, no_write: bool)
     before = mean("before", "rollout_s") + mean("before", "update_s")
     old_same = mean("old path, new mode", "rollout_s") + mean("old path, new mode", "update_s")
     new = mean("new", "rollout_s") + mean("new", "update_s")
-    losses = [(a["loss"], b["loss"]) for a, b in zip(results["old path, new mode"], results["new"], strict=True)]
+    per_row = mean("new, prompt per row", "update_s")
+    losses = [
+        (a["loss"], b["loss"], c["loss"])
+        for a, b, c in zip(results["old path, new mode"], results["new, prompt per row"], results["new"], strict=True)
+    ]
     episodes = config.mazes_per_step * config.grpo.samples_per_maze
     body = "\n".join(
         [
@@ -159,7 +167,7 @@ def write_report(config, results, checkpoint_s, resume_s, loads, no_write: bool)
             f"The embedded recipe's batch: {config.mazes_per_step} mazes x {config.grpo.samples_per_maze} samples = "
             f"{episodes} episodes per step, history_images={config.history_images}, "
             f"update_epochs={config.grpo.update_epochs}, LoRA rank {config.lora.rank}, "
-            f"{config.torch_threads} torch threads; each of {len(results['new'])} steps run three ways from the same "
+            f"{config.torch_threads} torch threads; each of {len(results['new'])} steps run four ways from the same "
             "weights, side by side in one run. Tokens: computed of existing (every request's context and reply, "
             "what a per-turn path computes), per step; the update's count covers all its epochs.",
             "",
@@ -168,10 +176,11 @@ def write_report(config, results, checkpoint_s, resume_s, loads, no_write: bool)
             *rows,
             "",
             f"- **new vs before: {before / new:.1f}x** faster per step; new vs the old path on the same Markov "
-            f"contexts (the engine and scorer alone): **{old_same / new:.1f}x**.",
+            f"contexts (the engine and scorer alone): **{old_same / new:.1f}x**; the update with the task prompt "
+            f"computed once per micro-batch against once per row: **{per_row / mean('new', 'update_s'):.2f}x**.",
             f"- before: `generate` + per-turn scoring, `history_text: all`; old path, new mode: the same code on "
-            f"`history_text: {config.history_text}` and exactly the batch the new path scores (policy loss "
-            + ", ".join(f"{a:+.6f} vs {b:+.6f}" for a, b in losses)
+            f"`history_text: {config.history_text}` and exactly the batch both new paths score (policy loss "
+            + ", ".join(f"{a:+.6f} / {b:+.6f} / {c:+.6f}" for a, b, c in losses)
             + ").",
             f"- checkpoint (adapter, optimizer, RNG; atomic): {checkpoint_s:.2f} s; resume (load base, "
             f"attach the saved adapter, restore the optimizer): {resume_s:.1f} s.",

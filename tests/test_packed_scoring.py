@@ -1,4 +1,5 @@
-"""The packed GRPO scoring against the per-turn oracle: same loss, same gradients, fewer tokens.
+"""The packed GRPO scoring against the per-turn oracle: same loss, same gradients, fewer tokens;
+with the shared task prompt computed once per micro-batch and without.
 
 Recorded episodes of the reduced starter (4 samples of each of 2 mazes, so contexts and
 replies repeat) are scored both ways under a LoRA adapter with non-zero weights. Each
@@ -6,6 +7,8 @@ sample has its own advantage (signs differ between samples of one context) and i
 old log-probs (so the clip is active for some tokens): a packing that summed advantages
 of shared tokens, or mixed up which sample a log-prob belongs to, would change the loss.
 """
+
+from functools import partial
 
 import pytest
 import torch
@@ -84,15 +87,19 @@ def test_packed_loss_and_gradients_equal_per_turn_scoring(lora_model, mode):
     model, processor = lora_model
     samples = recorded(model, processor, mode)
     oracle = loss_and_gradients(model, processor, PerTurnScorer, samples)
+    plain = loss_and_gradients(model, processor, partial(PackedScorer, share_prefix=False), samples)
     packed = loss_and_gradients(model, processor, PackedScorer, samples)
-    assert packed[0] == pytest.approx(oracle[0], abs=LOSS_TOLERANCE), "loss"
-    for name, expected in oracle[1].items():
-        assert torch.allclose(packed[1][name], expected, atol=GRAD_TOLERANCE, rtol=0), f"gradient of {name}"
     assert any(g.abs().max() > 1e-4 for g in oracle[1].values()), "the gradients compared are not all zero"
-    for i, expected in oracle[2].items():
-        assert torch.allclose(packed[2][i], expected, atol=1e-5), f"log-probs of sample {i}"
-    # and the packing computed fewer tokens than exist (shared first contexts at least)
-    assert packed[3]["tokens_computed"] < packed[3]["tokens_existing"] == oracle[3]["tokens_computed"]
+    for scored, what in ((plain, "plain packing"), (packed, "prompt shared")):
+        assert scored[0] == pytest.approx(oracle[0], abs=LOSS_TOLERANCE), f"loss, {what}"
+        for name, expected in oracle[1].items():
+            assert torch.allclose(scored[1][name], expected, atol=GRAD_TOLERANCE, rtol=0), f"gradient of {name}, {what}"
+        for i, expected in oracle[2].items():
+            assert torch.allclose(scored[2][i], expected, atol=1e-5), f"log-probs of sample {i}, {what}"
+    # the packing computed fewer tokens than exist (shared first contexts at least), and sharing
+    # the task prompt fewer again
+    assert plain[3]["tokens_computed"] < plain[3]["tokens_existing"] == oracle[3]["tokens_computed"]
+    assert packed[3]["tokens_computed"] < plain[3]["tokens_computed"], "the task prompt was computed once per batch"
 
 
 def test_an_extending_episode_is_one_row(lora_model):

@@ -58,3 +58,16 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask.unsqueeze(1)
+
+
+def shared_text_prefix(sequences: list[list[int]], image_pad: int, limit: int) -> int:
+    """How many leading tokens every sequence shares before its first frame, at most ``limit``.
+
+    That text (the chat template's opening and the task prompt) reads the same in every
+    context of a batch, so a forward can compute it once and continue every row from its
+    cache: its positions are plain 0..n-1 in all rows, and no frame's rope shift precedes it."""
+    first = sequences[0]
+    length = min(limit, *(len(ids) for ids in sequences))
+    for ids in sequences[1:]:
+        length = next((i for i in range(length) if ids[i] != first[i]), length)
+    return first.index(image_pad) if image_pad in first[:length] else length

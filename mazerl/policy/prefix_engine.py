@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mazerl.policy.attention import additive_mask, context_positions
+from mazerl.policy.attention import additive_mask, context_positions, shared_text_prefix
 from mazerl.policy.chat import image_token_id, pad_id, pixel_inputs
 from mazerl.policy.engines import GenerationRequest, GenerationResult, GenerationSettings, banned_token_ids, stop_ids
 
@@ -408,11 +408,8 @@ class PrefixCachingEngine:
         """The text all contexts to compute start with (the chat template's opening and the task
         prompt), computed once as a one-row forward (or found in the store), or None when not worth it."""
         first = todo[0].ids
-        length = min(len(c.ids) for c in todo) - 1  # every context keeps a token to compute
-        for context in todo[1:]:
-            length = next((i for i in range(length) if context.ids[i] != first[i]), length)
-        if self.image_pad in first[:length]:
-            length = first.index(self.image_pad)
+        # every context keeps a token to compute
+        length = shared_text_prefix([c.ids for c in todo], self.image_pad, min(len(c.ids) for c in todo) - 1)
         covered = sum(len(c.prefix.ids) >= length for c in todo if c.prefix is not None)
         if length < 2 or len(todo) - covered < 2:
             return None

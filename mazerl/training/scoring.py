@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from mazerl.policy.attention import additive_mask, context_positions
-from mazerl.policy.chat import pad_id, pixel_inputs
+from mazerl.policy.attention import additive_mask, context_positions, shared_text_prefix
+from mazerl.policy.chat import image_token_id, pad_id, pixel_inputs
 from mazerl.policy.prefix_engine import frame_digest
 
 MICRO_BATCH_TOKENS = 8192  # padded row tokens per forward/backward chunk; bounds activation memory
@@ -214,15 +214,12 @@ def row_log_probs(
     rows: list[int],
     device: torch.device,
     temperature: float,
-) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    """One forward of ``rows``: (samples on them, their reply log-probs (B, R) right-aligned, mask (B, R))."""
+    share_prefix: bool = True,
+) -> tuple[list[int], torch.Tensor, torch.Tensor, int]:
+    """One forward of ``rows``: (samples on them, their reply log-probs (B, R) right-aligned, mask (B, R),
+    tokens computed); ``share_prefix`` as :func:`_row_logits`."""
     batch = [packed.rows[r] for r in rows]
     width = max(len(row.ids) for row in batch)
-    input_ids = torch.full((len(batch), width), pad_id(processor), dtype=torch.long)
-    positions = torch.zeros((3, len(batch), width), dtype=torch.long)
-    for b, row in enumerate(batch):
-        input_ids[b, : len(row.ids)] = torch.tensor(row.ids)
-        positions[:, b, : len(row.ids)] = row.positions
     samples = packed.samples_of(rows)
     local = {row: b for b, row in enumerate(rows)}
     # Logits only where a reply token is predicted (at each reply token's parent): a (B, L) mask,
@@ -234,23 +231,7 @@ def row_log_probs(
             keep[local[packed.sample_row[s]], row.parents[token]] = True
     flat = torch.full((len(batch), width), -1, dtype=torch.long)
     flat[keep] = torch.arange(int(keep.sum()))
-    extra: dict[str, torch.Tensor] = {}
-    frames = [frame for row in batch for frame in row.frames]
-    dtype = next(model.parameters()).dtype
-    if frames:
-        pixels = pixel_inputs(processor, frames)
-        extra = {
-            "pixel_values": pixels["pixel_values"].to(device, dtype),
-            "image_grid_thw": pixels["image_grid_thw"].to(device),
-        }
-    logits = model(
-        input_ids=input_ids.to(device),
-        attention_mask=additive_mask(_allowed(batch, width).to(device), dtype),
-        position_ids=positions.to(device),
-        logits_to_keep=keep.to(device),
-        use_cache=False,
-        **extra,
-    ).logits.float()  # (kept positions, V)
+    logits, computed = _row_logits(model, processor, batch, keep, device, share_prefix)
     log_softmax = torch.log_softmax(logits / temperature, dim=-1)
     longest = max(len(packed.sample_tokens[s]) for s in samples)
     at, targets, out_rows, out_cols = [], [], [], []
@@ -266,7 +247,78 @@ def row_log_probs(
     where = (torch.tensor(out_rows, device=device), torch.tensor(out_cols, device=device))
     log_probs = torch.zeros(len(samples), longest, device=device, dtype=gathered.dtype).index_put(where, gathered)
     mask = torch.zeros(len(samples), longest, device=device).index_put(where, torch.ones_like(gathered))
-    return samples, log_probs, mask
+    return samples, log_probs, mask, computed
+
+
+def _row_logits(
+    model: torch.nn.Module,
+    processor: Any,
+    batch: list[Row],
+    keep: torch.Tensor,
+    device: torch.device,
+    share_prefix: bool,
+) -> tuple[torch.Tensor, int]:
+    """The rows' logits where ``keep`` (B, L) is true, (kept positions, V), and the tokens computed.
+
+    With ``share_prefix`` the text every row starts with (the task prompt, a third of a Markov
+    context) is computed once, as a one-row forward whose keys and values every row continues
+    from (:func:`_prefix_cache`); its gradient is the sum over the rows, as if each had
+    computed it. Off: each row computes it (the plain path, the oracle tests compare against).
+    """
+    width = keep.shape[1]
+    input_ids = torch.full((len(batch), width), pad_id(processor), dtype=torch.long)
+    positions = torch.zeros((3, len(batch), width), dtype=torch.long)
+    for b, row in enumerate(batch):
+        input_ids[b, : len(row.ids)] = torch.tensor(row.ids)
+        positions[:, b, : len(row.ids)] = row.positions
+    extra: dict[str, torch.Tensor] = {}
+    frames = [frame for row in batch for frame in row.frames]
+    dtype = next(model.parameters()).dtype
+    if frames:
+        pixels = pixel_inputs(processor, frames)
+        extra = {
+            "pixel_values": pixels["pixel_values"].to(device, dtype),
+            "image_grid_thw": pixels["image_grid_thw"].to(device),
+        }
+    first_kept = int(keep.any(dim=0).nonzero()[0])  # a kept logit is computed in the rows' own forward
+    prefix = shared_text_prefix([row.ids for row in batch], image_token_id(processor), first_kept)
+    cache = _prefix_cache(model, batch[0].ids[:prefix], len(batch), device, dtype) if share_prefix else None
+    if cache is None:
+        prefix = 0
+    logits = model(
+        input_ids=input_ids[:, prefix:].to(device),
+        attention_mask=additive_mask(_allowed(batch, width)[:, prefix:].to(device), dtype),
+        position_ids=positions[:, :, prefix:].to(device),
+        logits_to_keep=keep[:, prefix:].to(device),
+        cache=cache,
+        use_cache=cache is not None,
+        **extra,
+    ).logits.float()
+    return logits, sum(len(row.ids) for row in batch) - (len(batch) - 1) * prefix
+
+
+def _prefix_cache(
+    model: torch.nn.Module, ids: list[int], rows: int, device: torch.device, dtype: torch.dtype
+) -> Any | None:
+    """The keys and values of ``ids`` (text at positions 0..n-1), computed once with gradients and
+    expanded to ``rows`` rows (a view, so backward sums the rows' gradients into the one forward);
+    None when fewer than 2 tokens or rows would share it."""
+    if len(ids) < 2 or rows < 2:
+        return None
+    from transformers import DynamicCache
+
+    length = len(ids)
+    output = model(
+        input_ids=torch.tensor([ids], device=device),
+        attention_mask=additive_mask(torch.ones(1, length, length, dtype=torch.bool).tril().to(device), dtype),
+        position_ids=torch.arange(length, device=device).view(1, 1, -1).expand(3, 1, -1),
+        logits_to_keep=1,
+        use_cache=True,
+    )
+    layers = [
+        (layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1)) for layer in output.cache.layers
+    ]
+    return DynamicCache(ddp_cache_data=layers)
 
 
 def reply_mask(samples: Sequence[TurnSample], device: torch.device) -> torch.Tensor:
@@ -331,8 +383,16 @@ class PackedScorer:
     what per-turn scoring computes) and tokens computed.
     """
 
-    def __init__(self, model: torch.nn.Module, processor: Any, device: torch.device, temperature: float) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        processor: Any,
+        device: torch.device,
+        temperature: float,
+        share_prefix: bool = True,
+    ) -> None:
         self.model, self.processor, self.device, self.temperature = model, processor, device, temperature
+        self.share_prefix = share_prefix
         self.stats = {"tokens_existing": 0, "tokens_computed": 0, "forward_calls": 0}
 
     def prepare(self, samples: Sequence[TurnSample]) -> list[Chunk]:
@@ -345,11 +405,11 @@ class PackedScorer:
 
     def log_probs(self, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
         packed, rows, existing = chunk.work
-        indices, log_probs, mask = row_log_probs(
-            self.model, self.processor, packed, rows, self.device, self.temperature
+        indices, log_probs, mask, computed = row_log_probs(
+            self.model, self.processor, packed, rows, self.device, self.temperature, self.share_prefix
         )
         assert indices == chunk.samples, "row_log_probs returns the chunk's samples in order"
-        self.stats["tokens_computed"] += sum(len(packed.rows[r].ids) for r in rows)
+        self.stats["tokens_computed"] += computed
         self.stats["tokens_existing"] += existing
         self.stats["forward_calls"] += 1
         return log_probs, mask
