@@ -17,6 +17,9 @@ token is computed once:
   its own ancestors only (an explicit mask), and sits at the position it has in its own
   context (the trunk's last position + its depth), so its logits are those of a fresh
   forward of that context and reply.
+- **the task prompt**: every row starts with the same text (the chat template's opening and
+  the task prompt, 41 of a Markov context's ~112 tokens), which each micro-batch computes
+  once; every row continues from its keys and values (gradients summed back into it).
 
 :func:`reply_log_probs` runs rows in micro-batches and returns, per *sample*, its reply's
 log-probs in the layout the loss expects (right-aligned, (B, R)), gathered from the shared
