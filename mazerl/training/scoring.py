@@ -21,7 +21,7 @@ token is computed once:
   the task prompt, 41 of a Markov context's ~112 tokens), which each micro-batch computes
   once; every row continues from its keys and values (gradients summed back into it).
 
-:func:`reply_log_probs` runs rows in micro-batches and returns, per *sample*, its reply's
+:class:`PackedScorer` runs rows in micro-batches and returns, per *sample*, its reply's
 log-probs in the layout the loss expects (right-aligned, (B, R)), gathered from the shared
 row logits. Each sample keeps its own advantage and its own clipped surrogate; the
 gradient of a shared token is the sum over the samples that use it, which is what scoring
