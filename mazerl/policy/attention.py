@@ -60,6 +60,14 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask.unsqueeze(1)
 
 
+def text_chunk_inputs(length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rope positions (3, 1, n) and the causal "may attend" mask (1, n, n) of one row of n text
+    tokens at positions 0..n-1: the shared task prompt's forward, computed once for a batch."""
+    positions = torch.arange(length, device=device).view(1, 1, -1).expand(3, 1, -1)
+    allowed = torch.ones(length, length, dtype=torch.bool, device=device).tril().unsqueeze(0)
+    return positions, allowed
+
+
 def shared_text_prefix(sequences: list[list[int]], image_pad: int, limit: int) -> int:
     """How many leading tokens every sequence shares before its first frame, at most ``limit``.
 

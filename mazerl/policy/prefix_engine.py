@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mazerl.policy.attention import additive_mask, context_positions, shared_text_prefix
+from mazerl.policy.attention import additive_mask, context_positions, shared_text_prefix, text_chunk_inputs
 from mazerl.policy.chat import image_token_id, pad_id, pixel_inputs
 from mazerl.policy.engines import GenerationRequest, GenerationResult, GenerationSettings, banned_token_ids, stop_ids
 
@@ -419,8 +419,7 @@ class PrefixCachingEngine:
         from transformers import DynamicCache
 
         ids = torch.tensor([first[:length]], device=self.device)
-        positions = torch.arange(length, device=self.device).view(1, 1, -1).expand(3, 1, -1)
-        allowed = torch.ones(length, length, dtype=torch.bool, device=self.device).tril().unsqueeze(0)
+        positions, allowed = text_chunk_inputs(length, self.device)
         _, cache = self._forward(ids, allowed, positions, DynamicCache())
         self.stats.prefill_tokens += length
         layers = [(layer.keys, layer.values) for layer in cache.layers]

@@ -11,8 +11,9 @@ One step, in the order the loop runs:
   3. old logp  log-probs of every reply under the rollout policy (from the first update
                epoch's forward pass, before any optimizer step);
   4. update    ``update_epochs`` passes of the clipped surrogate over every turn with an
-               advantage (or every turn, with a KL term) (loss only on reply tokens; each turn scored in exactly the context,
-               images included, that the rollout showed the policy); grad clip; AdamW step;
+               advantage (every turn, with a KL term); loss only on reply tokens, each turn
+               scored in exactly the context, images included, that the rollout showed the
+               policy; grad clip; AdamW step;
   5. eval      optional greedy eval every ``eval_interval`` steps;
   6. checkpoint every ``checkpoint_interval`` steps and at the end, atomically, the step's
                metrics row included (a crash before the row is logged loses nothing);

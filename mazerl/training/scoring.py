@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mazerl.policy.attention import additive_mask, context_positions, shared_text_prefix
+from mazerl.policy.attention import additive_mask, context_positions, shared_text_prefix, text_chunk_inputs
 from mazerl.policy.chat import image_token_id, pad_id, pixel_inputs
 from mazerl.policy.prefix_engine import frame_digest
 
@@ -283,9 +283,11 @@ def _row_logits(
             "pixel_values": pixels["pixel_values"].to(device, dtype),
             "image_grid_thw": pixels["image_grid_thw"].to(device),
         }
-    first_kept = int(keep.any(dim=0).nonzero()[0])  # a kept logit is computed in the rows' own forward
-    prefix = shared_text_prefix([row.ids for row in batch], image_token_id(processor), first_kept)
-    cache = _prefix_cache(model, batch[0].ids[:prefix], len(batch), device, dtype) if share_prefix else None
+    prefix = 0
+    if share_prefix:
+        first_kept = int(keep.any(dim=0).nonzero()[0])  # a kept logit is computed in the rows' own forward
+        prefix = shared_text_prefix([row.ids for row in batch], image_token_id(processor), first_kept)
+    cache = _prefix_cache(model, batch[0].ids[:prefix], len(batch), device, dtype)
     if cache is None:
         prefix = 0
     logits = model(
@@ -310,11 +312,11 @@ def _prefix_cache(
         return None
     from transformers import DynamicCache
 
-    length = len(ids)
+    positions, allowed = text_chunk_inputs(len(ids), device)
     output = model(
         input_ids=torch.tensor([ids], device=device),
-        attention_mask=additive_mask(torch.ones(1, length, length, dtype=torch.bool).tril().to(device), dtype),
-        position_ids=torch.arange(length, device=device).view(1, 1, -1).expand(3, 1, -1),
+        attention_mask=additive_mask(allowed, dtype),
+        position_ids=positions,
         logits_to_keep=1,
         use_cache=True,
     )
