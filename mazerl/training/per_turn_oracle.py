@@ -42,7 +42,7 @@ class PerTurnScorer:
 
     def __init__(self, model: torch.nn.Module, processor: Any, device: torch.device, temperature: float) -> None:
         self.model, self.processor, self.device, self.temperature = model, processor, device, temperature
-        self.stats = {"tokens_existing": 0, "tokens_computed": 0, "forward_calls": 0}
+        self.stats = {"tokens_existing": 0, "tokens_computed": 0}
 
     def prepare(self, samples: Sequence[TurnSample]) -> list[Chunk]:
         return [
@@ -56,5 +56,4 @@ class PerTurnScorer:
         tokens = sum(len(s.input_ids) + len(s.response_ids) for s in batch)
         self.stats["tokens_computed"] += tokens
         self.stats["tokens_existing"] += tokens
-        self.stats["forward_calls"] += 1
         return log_probs, mask

@@ -398,7 +398,7 @@ class PackedScorer:
     ) -> None:
         self.model, self.processor, self.device, self.temperature = model, processor, device, temperature
         self.share_prefix = share_prefix
-        self.stats = {"tokens_existing": 0, "tokens_computed": 0, "forward_calls": 0}
+        self.stats = {"tokens_existing": 0, "tokens_computed": 0}
 
     def prepare(self, samples: Sequence[TurnSample]) -> list[Chunk]:
         packed = pack(samples, self.model, self.processor)
@@ -416,5 +416,4 @@ class PackedScorer:
         assert indices == chunk.samples, "row_log_probs returns the chunk's samples in order"
         self.stats["tokens_computed"] += computed
         self.stats["tokens_existing"] += existing
-        self.stats["forward_calls"] += 1
         return log_probs, mask
