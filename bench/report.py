@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import shlex
 import subprocess
 import sys
 from datetime import date
@@ -45,7 +46,7 @@ def machine_line() -> str:
 
 def write_section(name: str, body: str, path: Path = PERFORMANCE_MD) -> None:
     """Replace (or append) the section ``name`` with ``body`` plus the machine and command."""
-    command = "python " + " ".join([Path(sys.argv[0]).as_posix().split("/work/main/")[-1], *sys.argv[1:]])
+    command = "python " + shlex.join([Path(sys.argv[0]).as_posix().split("/work/main/")[-1], *sys.argv[1:]])
     section = (
         f"<!-- bench:{name} -->\n{body.rstrip()}\n\n"
         f"*Measured on {machine_line()}; reproduce with `{command}`.*\n<!-- /bench:{name} -->"
