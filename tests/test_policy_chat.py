@@ -263,3 +263,32 @@ def test_history_text_tried_with_more_than_one_frame_is_refused_with_the_fix(pro
     conversation, _ = play(processor, 1)
     with pytest.raises(ContextModeError, match="history_images: 1"):
         render(processor, conversation, history_images=2, history_text="tried")
+
+
+def test_a_reply_free_context_seen_before_is_taken_from_memory_as_the_template_renders_it(starter_model_dir):
+    # given a processor of its own (an empty memo) that counts its chat-template calls
+    processor = load_processor(starter_model_dir)
+    template, calls = processor.apply_chat_template, []
+    processor.apply_chat_template = lambda *args, **kwargs: calls.append(1) or template(*args, **kwargs)
+    # and a walk out of the start and back, twice, in two one-frame modes
+    env = MazeEnv(size=7, cell_px=16, max_moves=50)
+    frame, _ = env.reset(seed=3)
+    walls, start = env.layout.walls, env.layout.agent
+    out = next(a for a, (dr, dc) in DIRECTIONS.items() if not walls[start[0] + dr, start[1] + dc])
+    actions = (out, REVERSE[out], out, REVERSE[out])
+    for history_text in (0, "tried"):
+        calls.clear()
+        conversation, contexts = walk_contexts(processor, env, env.reset(seed=3)[0], actions, history_text)
+        # then each context reads as a never-used processor renders it (the template applied afresh)
+        for turns, (ids, _) in enumerate(contexts):
+            fresh = load_processor(starter_model_dir)
+            assert ids == render(fresh, conversation_upto(conversation, turns), 1, history_text)[0]
+        # and a text seen before cost no template call (the frame counts by its size alone): with 0
+        # every context reads the task prompt; with "tried" the first visits read it too (known from
+        # the walk with 0), the two returns add a memory line each, and the start's third visit
+        # repeats its memory line (the same reply, named once)
+        assert len(calls) == {0: 1, "tried": 2}[history_text], history_text
+    # and a caller that changes the ids it got does not change what the next render returns
+    conversation, contexts = walk_contexts(processor, env, env.reset(seed=3)[0], actions[:1], 0)
+    contexts[0][0].append(-1)
+    assert render(processor, conversation_upto(conversation, 0), 1, 0)[0] == contexts[0][0][:-1]

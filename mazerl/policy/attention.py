@@ -21,6 +21,7 @@ Nothing here is CPU-specific: the same tensors go to a GPU model.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -40,17 +41,33 @@ def rope_index_owner(model: torch.nn.Module) -> Any:
 def context_positions(
     model: torch.nn.Module, processor: Any, contexts: list[list[int]], images: list[list[np.ndarray]]
 ) -> list[torch.Tensor]:
-    """(3, L) rope positions of each whole context, as a fresh forward starting at position 0 computes them."""
+    """(3, L) rope positions of each whole context, as a fresh forward starting at position 0 computes them.
+
+    ``get_rope_index`` reads only which tokens are image pads and the frames' grids, and a
+    rollout's contexts share a few such layouts (every one-frame context of a length), so each
+    layout is computed once per model (the Python loop was a fourteenth of a rollout).
+    """
     owner = rope_index_owner(model)
     image_pad = image_token_id(processor)
+    memo = _POSITIONS.setdefault(owner, {})
     out: list[torch.Tensor] = []
     for ids, frames in zip(contexts, images, strict=True):
         input_ids = torch.tensor([ids], dtype=torch.long)
         token_types = (input_ids == image_pad).long()
         grid = pixel_inputs(processor, frames)["image_grid_thw"] if frames else None
-        positions, _ = owner.get_rope_index(input_ids, mm_token_type_ids=token_types, image_grid_thw=grid)
-        out.append(positions[:, 0])  # (3, L)
+        key = (token_types.numpy().tobytes(), None if grid is None else grid.numpy().tobytes())
+        if key not in memo:
+            positions, _ = owner.get_rope_index(input_ids, mm_token_type_ids=token_types, image_grid_thw=grid)
+            if len(memo) >= _POSITIONS_KEPT:
+                memo.clear()
+            memo[key] = positions[:, 0]  # (3, L)
+        out.append(memo[key].clone())
     return out
+
+
+# Rope positions by layout (image-pad pattern and grids), per module that owns get_rope_index.
+_POSITIONS: weakref.WeakKeyDictionary[Any, dict[tuple, torch.Tensor]] = weakref.WeakKeyDictionary()
+_POSITIONS_KEPT = 4096
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -195,6 +195,37 @@ def render(
     if len(conversation.observations) != len(conversation.replies) + 1:
         raise ChatError("render: the conversation must end with an observation (the policy's turn)")
     messages, images, shown_replies = _messages(conversation, history_images, history_text)
+    if shown_replies:
+        return _template_ids(processor, conversation, messages, images, shown_replies), images
+    # No reply spliced in (a current-frame mode, or a first turn): the ids are a function of the
+    # messages and the frame sizes alone, and a rollout renders the same few contexts over and
+    # over (a revisited state): the chat template and tokenizer were a seventh of its time.
+    memo = _RENDERED.setdefault(processor, OrderedDict())
+    key = (repr(messages), tuple(image.shape[:2] for image in images))
+    ids = memo.get(key)
+    if ids is None:
+        ids = memo[key] = _template_ids(processor, conversation, messages, images, [])
+        if len(memo) > _RENDERED_KEPT:
+            memo.popitem(last=False)
+    else:
+        memo.move_to_end(key)
+    return list(ids), images
+
+
+# Rendered ids of reply-free contexts, per processor: the most recently used _RENDERED_KEPT (a
+# few MB; a step revisits a few thousand contexts).
+_RENDERED: weakref.WeakKeyDictionary[Any, OrderedDict[tuple, list[int]]] = weakref.WeakKeyDictionary()
+_RENDERED_KEPT = 16_384
+
+
+def _template_ids(
+    processor: Any,
+    conversation: Conversation,
+    messages: list[dict],
+    images: list[np.ndarray],
+    shown_replies: list[int],
+) -> list[int]:
+    """The chat template over ``messages``, with each shown reply's generated ids spliced in verbatim."""
     text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     tokenizer = processor.tokenizer
     eot = end_of_turn_id(processor)
@@ -211,7 +242,7 @@ def render(
             # The reply already closed its turn; the template's own end-of-turn token is redundant.
             rest = rest.removeprefix(tokenizer.convert_ids_to_tokens(eot))
     ids += tokenizer(rest, add_special_tokens=False)["input_ids"]
-    return _expand_image_pads(processor, ids, images), images
+    return _expand_image_pads(processor, ids, images)
 
 
 def _expand_image_pads(processor: Any, ids: list[int], images: list[np.ndarray]) -> list[int]:
