@@ -212,8 +212,9 @@ def render(
     return list(ids), images
 
 
-# Rendered ids of reply-free contexts, per processor: the most recently used _RENDERED_KEPT (a
-# few MB; a step revisits a few thousand contexts).
+# Rendered ids of reply-free contexts, per processor (whose chat template and tokenizer do not
+# change once loaded): the most recently used _RENDERED_KEPT (a few MB; a step revisits a few
+# thousand contexts).
 _RENDERED: weakref.WeakKeyDictionary[Any, OrderedDict[tuple, list[int]]] = weakref.WeakKeyDictionary()
 _RENDERED_KEPT = 16_384
 
