@@ -21,13 +21,13 @@ Nothing here is CPU-specific: the same tensors go to a GPU model.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import numpy as np
 import torch
 
 from mazerl.policy.chat import image_token_id, pixel_inputs
+from mazerl.policy.memo import memo_of
 
 
 def rope_index_owner(model: torch.nn.Module) -> Any:
@@ -49,24 +49,23 @@ def context_positions(
     """
     owner = rope_index_owner(model)
     image_pad = image_token_id(processor)
-    memo = _POSITIONS.setdefault(owner, {})
+    memo = memo_of(owner, "rope positions", _POSITIONS_KEPT)
     out: list[torch.Tensor] = []
     for ids, frames in zip(contexts, images, strict=True):
         input_ids = torch.tensor([ids], dtype=torch.long)
         token_types = (input_ids == image_pad).long()
         grid = pixel_inputs(processor, frames)["image_grid_thw"] if frames else None
         key = (token_types.numpy().tobytes(), None if grid is None else grid.numpy().tobytes())
-        if key not in memo:
-            positions, _ = owner.get_rope_index(input_ids, mm_token_type_ids=token_types, image_grid_thw=grid)
-            if len(memo) >= _POSITIONS_KEPT:
-                memo.clear()
-            memo[key] = positions[:, 0]  # (3, L)
-        out.append(memo[key].clone())
+        positions = memo.get(key)
+        if positions is None:
+            positions = memo[key] = owner.get_rope_index(input_ids, mm_token_type_ids=token_types, image_grid_thw=grid)[
+                0
+            ][:, 0]
+        out.append(positions.clone())  # (3, L)
     return out
 
 
-# Rope positions by layout (image-pad pattern and grids), per module that owns get_rope_index.
-_POSITIONS: weakref.WeakKeyDictionary[Any, dict[tuple, torch.Tensor]] = weakref.WeakKeyDictionary()
+# Rope position layouts (image-pad pattern and grids) kept per module that owns get_rope_index.
 _POSITIONS_KEPT = 4096
 
 

@@ -42,8 +42,6 @@ extends the previous context plus its reply, token for token.
 from __future__ import annotations
 
 import hashlib
-import weakref
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -51,6 +49,7 @@ import numpy as np
 import torch
 
 from mazerl.policy.context_mode import CURRENT_FRAME_MODES, HistoryImages, HistoryText, check_context_mode
+from mazerl.policy.memo import memo_of
 
 # Private-use characters: never produced by a tokenizer's decode of ordinary text, and
 # passed through unchanged by chat templates.
@@ -200,22 +199,16 @@ def render(
     # No reply spliced in (a current-frame mode, or a first turn): the ids are a function of the
     # messages and the frame sizes alone, and a rollout renders the same few contexts over and
     # over (a revisited state): the chat template and tokenizer were a seventh of its time.
-    memo = _RENDERED.setdefault(processor, OrderedDict())
+    memo = memo_of(processor, "rendered", _RENDERED_KEPT)
     key = (repr(messages), tuple(image.shape[:2] for image in images))
     ids = memo.get(key)
     if ids is None:
         ids = memo[key] = _template_ids(processor, conversation, messages, images, [])
-        if len(memo) > _RENDERED_KEPT:
-            memo.popitem(last=False)
-    else:
-        memo.move_to_end(key)
     return list(ids), images
 
 
-# Rendered ids of reply-free contexts, per processor (whose chat template and tokenizer do not
-# change once loaded): the most recently used _RENDERED_KEPT (a few MB; a step revisits a few
-# thousand contexts).
-_RENDERED: weakref.WeakKeyDictionary[Any, OrderedDict[tuple, list[int]]] = weakref.WeakKeyDictionary()
+# Rendered ids of reply-free contexts kept per processor (whose chat template and tokenizer do not
+# change once loaded): a few MB; a step revisits a few thousand contexts.
 _RENDERED_KEPT = 16_384
 
 
@@ -265,44 +258,29 @@ def _expand_image_pads(processor: Any, ids: list[int], images: list[np.ndarray])
 # --------------------------------------------------------------------------------------
 
 
-class _PixelCache:
-    """Preprocessed frames by content, bounded in bytes.
+def _preprocessed(image_processor: Any, frame: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One frame's (pixel_values, image_grid_thw), kept by content per image processor.
 
-    Rollouts re-send the same frames turn after turn (a 7x7 maze has only 17 agent
-    positions, and with ``history_images="all"`` every past frame is sent again), and
-    preprocessing costs about 1 ms per frame, so a GRPO step's frames are kept.
+    Rollouts re-send the same frames turn after turn (a 7x7 maze has only 17 agent positions,
+    and with ``history_images="all"`` every past frame is sent again), and preprocessing costs
+    about 1 ms per frame, so the most recently used 256 MiB of them are kept.
     """
-
-    def __init__(self, max_bytes: int = 256 * 2**20) -> None:
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self._items: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
-
-    def get(self, image_processor: Any, frame: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        frame = np.ascontiguousarray(frame, dtype=np.uint8)
-        key = (frame.shape, hashlib.blake2b(frame.tobytes(), digest_size=16).digest())
-        hit = self._items.get(key)
-        if hit is not None:
-            self._items.move_to_end(key)
-            return hit
+    memo = memo_of(image_processor, "pixels", _PIXELS_KEPT_BYTES, getsizeof=lambda value: value[0].nbytes)
+    frame = np.ascontiguousarray(frame, dtype=np.uint8)
+    key = (frame.shape, hashlib.blake2b(frame.tobytes(), digest_size=16).digest())
+    value = memo.get(key)
+    if value is None:
         out = image_processor(images=[frame], return_tensors="np")
-        value = (np.asarray(out["pixel_values"], dtype=np.float32), np.asarray(out["image_grid_thw"]))
-        self._items[key] = value
-        self.bytes += value[0].nbytes
-        while self.bytes > self.max_bytes and len(self._items) > 1:
-            _, (pixels, _) = self._items.popitem(last=False)
-            self.bytes -= pixels.nbytes
-        return value
+        value = memo[key] = (np.asarray(out["pixel_values"], dtype=np.float32), np.asarray(out["image_grid_thw"]))
+    return value
 
 
-_PIXEL_CACHES: weakref.WeakKeyDictionary[Any, _PixelCache] = weakref.WeakKeyDictionary()  # one per image processor
+_PIXELS_KEPT_BYTES = 256 * 2**20
 
 
 def pixel_inputs(processor: Any, frames: list[np.ndarray]) -> dict[str, torch.Tensor]:
     """``pixel_values`` (patches, dim) and ``image_grid_thw`` (images, 3) for frames in order."""
-    image_processor = processor.image_processor
-    cache = _PIXEL_CACHES.setdefault(image_processor, _PixelCache())
-    parts = [cache.get(image_processor, frame) for frame in frames]
+    parts = [_preprocessed(processor.image_processor, frame) for frame in frames]
     return {
         "pixel_values": torch.from_numpy(np.concatenate([p for p, _ in parts])),
         "image_grid_thw": torch.from_numpy(np.concatenate([g for _, g in parts])).long(),
