@@ -58,10 +58,9 @@ def context_positions(
         key = (token_types.numpy().tobytes(), None if grid is None else grid.numpy().tobytes())
         positions = memo.get(key)
         if positions is None:
-            positions = memo[key] = owner.get_rope_index(input_ids, mm_token_type_ids=token_types, image_grid_thw=grid)[
-                0
-            ][:, 0]
-        out.append(positions.clone())  # (3, L)
+            batch_positions, _ = owner.get_rope_index(input_ids, mm_token_type_ids=token_types, image_grid_thw=grid)
+            positions = memo[key] = batch_positions[:, 0]  # (3, L)
+        out.append(positions.clone())
     return out
 
 
