@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mazerl.policy.chat import image_token_id, pixel_inputs
+from mazerl.policy.chat import frame_grids, image_token_id
 from mazerl.policy.memo import memo_of
 
 
@@ -54,7 +54,7 @@ def context_positions(
     for ids, frames in zip(contexts, images, strict=True):
         input_ids = torch.tensor([ids], dtype=torch.long)
         token_types = (input_ids == image_pad).long()
-        grid = pixel_inputs(processor, frames)["image_grid_thw"] if frames else None
+        grid = frame_grids(processor, frames) if frames else None
         key = (token_types.numpy().tobytes(), None if grid is None else grid.numpy().tobytes())
         positions = memo.get(key)
         if positions is None:

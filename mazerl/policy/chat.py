@@ -278,6 +278,11 @@ def _preprocessed(image_processor: Any, frame: np.ndarray) -> tuple[np.ndarray, 
 _PIXELS_KEPT_BYTES = 256 * 2**20
 
 
+def frame_grids(processor: Any, frames: list[np.ndarray]) -> torch.Tensor:
+    """``image_grid_thw`` (images, 3) of frames in order, without assembling their pixels."""
+    return torch.from_numpy(np.concatenate([_preprocessed(processor.image_processor, f)[1] for f in frames])).long()
+
+
 def pixel_inputs(processor: Any, frames: list[np.ndarray]) -> dict[str, torch.Tensor]:
     """``pixel_values`` (patches, dim) and ``image_grid_thw`` (images, 3) for frames in order."""
     parts = [_preprocessed(processor.image_processor, frame) for frame in frames]
