@@ -7,7 +7,7 @@ import pytest
 
 from mazerl import paths
 from mazerl.tracking import artifacts, evals, lineage
-from mazerl.tracking.secrets import REDACTED, SecretLeakError, is_secret_name, redact, scrub_text
+from mazerl.tracking.secrets import REDACTED, SecretLeakError, find_secrets, is_secret_name, redact, scrub_text
 
 # Fake credentials in the shapes the real ones have (none of them is valid anywhere).
 FAKE_ENV = {
@@ -139,3 +139,38 @@ def test_directory_with_a_credential_is_refused(mlflow_root, tmp_path, monkeypat
         artifacts.check_no_secrets(model)  # what write_mlflow_model checks before it logs the merged model
     assert FAKE_ENV["AWS_SECRET_ACCESS_KEY"] not in str(failure.value), "the error must not print the secret"
     assert not (mlflow_root / "mlartifacts" / run_id / "artifacts" / "merged_model").exists()
+
+
+def weights_file(path: Path, raw: bytes, metadata: dict[str, str] | None = None) -> Path:
+    """A safetensors file whose one uint8 tensor holds exactly ``raw`` (as a merged model's weights might)."""
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"weight": torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone()}, path, metadata=metadata)
+    return path
+
+
+def test_weights_whose_bytes_spell_a_url_password_are_not_a_credential(tmp_path):
+    # A merged starter's 8.6 MB of weights once held 'F://9A":P...:r=af<...@' by chance, and the scan of
+    # their bytes as text refused to log the model: tensor bytes and binary files are not text.
+    chance = b"\x00\x91F://9A\x10:r=af\xd8\x96<@\x00\x07" + bytes(range(256)) + b"AKIAZZZZFAKEKEY12345"
+    model = tmp_path / "merged"
+    model.mkdir()
+    weights_file(model / "model.safetensors", chance)
+    (model / "optimizer.bin").write_bytes(chance)
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3_vl"}))
+
+    artifacts.check_no_secrets(model)  # nothing to refuse
+
+
+def test_a_credential_in_weights_metadata_or_a_text_file_is_still_found(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", FAKE_ENV["HF_TOKEN"])
+    weights = weights_file(
+        tmp_path / "model.safetensors", b"\x00" * 64, metadata={"source": "https://user:hunter2pw@example.com/model"}
+    )
+    text = tmp_path / "README.md"
+    text.write_text(f"pulled with {FAKE_ENV['HF_TOKEN']}\n")
+
+    found = find_secrets([weights, text])
+
+    assert found == [f"{weights}: a password in a URL", f"{text}: the value of $HF_TOKEN"]

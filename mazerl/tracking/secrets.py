@@ -80,20 +80,46 @@ def find_secrets(
 ) -> list[str]:
     """Descriptions (file and what matched, never the value) of secrets found in the text files given.
 
-    Files larger than ``max_bytes`` (weights) are skipped: they are binary tensors, not text.
+    Only text is read (:func:`readable_text`): a weights file is a few MB of arbitrary bytes, in
+    which ``scheme://user:password@`` turns up by chance (a merged starter's did), so scanning it
+    would refuse a model for a credential that is not there.
     """
     environ = os.environ if environ is None else environ
     wanted = set(secret_values(environ))
     named = {value: name for name, value in environ.items() if value in wanted}
     found: list[str] = []
     for path in paths:
-        path = Path(path)
-        if not path.is_file() or path.stat().st_size > max_bytes:
+        text = readable_text(Path(path), max_bytes)
+        if text is None:
             continue
-        text = path.read_bytes().decode("utf-8", errors="ignore")
         found += [f"{path}: the value of ${named[value]}" for value in named if value in text]
         if _AWS_KEY_ID.search(text):
             found.append(f"{path}: an AWS access key id")
         if _URL_PASSWORD.search(text):
             found.append(f"{path}: a password in a URL")
     return found
+
+
+def readable_text(path: Path, max_bytes: int) -> str | None:
+    """The text of ``path`` that a credential could be written into, or None for a file with none.
+
+    A ``.safetensors`` file: its JSON header (tensor names, shapes and the free-form metadata), not
+    its tensor bytes. Any other file: its content if it is UTF-8 text of at most ``max_bytes``;
+    None if it is larger or binary (a NUL byte or invalid UTF-8: pickled weights, images).
+    """
+    if not path.is_file():
+        return None
+    if path.suffix == ".safetensors":
+        with path.open("rb") as handle:
+            length = int.from_bytes(handle.read(8), "little")
+            header = handle.read(min(length, max_bytes))
+        return header.decode("utf-8", errors="replace")
+    if path.stat().st_size > max_bytes:
+        return None
+    data = path.read_bytes()
+    if b"\x00" in data:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
