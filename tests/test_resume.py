@@ -316,9 +316,17 @@ def training_processes(root: Path) -> list:
 
 
 def registered_versions(root: Path) -> int:
-    """How many model versions the data root's MLflow store holds (read while a run writes it)."""
-    with sqlite3.connect(f"file:{root / 'mlflow.db'}?mode=ro", uri=True, timeout=30) as db:
-        return db.execute("select count(*) from model_versions").fetchone()[0]
+    """How many model versions the data root's MLflow store holds (read while a run writes it).
+
+    A run killed mid-commit leaves a hot journal that only a writer may roll back; until the next run's
+    first write does, a read-only reader is refused, and that reads as none registered yet."""
+    try:
+        with sqlite3.connect(f"file:{root / 'mlflow.db'}?mode=ro", uri=True, timeout=30) as db:
+            return db.execute("select count(*) from model_versions").fetchone()[0]
+    except sqlite3.OperationalError as error:
+        if error.sqlite_errorname == "SQLITE_READONLY_ROLLBACK":
+            return 0
+        raise
 
 
 def prefect_db_states(root: Path) -> tuple[dict, list]:
