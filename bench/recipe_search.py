@@ -12,6 +12,17 @@ and got arms stopped before they said anything. Each arm's overrides go over the
 mazes (``learning_result.JUDGED_ON_ALL``); ``eval_interval`` should stay as the recipe has it so every
 arm is judged on the same mazes at the same steps. A finished (arm, seed) is skipped when ``train`` runs again, so a
 search that was stopped continues where it was.
+
+The report gives, per (arm, seed): the greedy curve, fixed / broken against the starter with the
+exact McNemar p, the training minutes (the steps' own; with the periodic evals), the failure kinds
+and where each failure began (``mazerl.evaluation.failures``), the failures by length of the
+shortest way (the 12-move mazes are the last ones left), and the CPU it trained on
+(``bench.report.cpu_kind``: two EPYC kinds round the same seed differently). What a trained
+adapter reads of the walls: ``python bench/wall_probe.py --model DIR --adapter
+ARM=ROOT/ARM/runs/seed0/checkpoints/global_step_300/policy/lora_adapter``.
+Each (arm, seed) is an MLflow run of the experiment ``recipe-search`` (the arm's settings its params,
+the trainer's steps and greedy evals its metrics): ``mlflow ui --backend-store-uri sqlite:///ROOT/mlflow.db``
+shows the arms side by side.
 """
 
 from __future__ import annotations
@@ -27,8 +38,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.learning_result import JUDGED_ON_ALL, baseline_rows, kinds_of  # noqa: E402
+from bench.learning_result import JUDGED_ON_ALL, baseline_rows, kinds_of, mistakes_of  # noqa: E402
+from bench.report import this_cpu  # noqa: E402
 from mazerl.eval_files import read_result_rows  # noqa: E402
+from mazerl.evaluation.failures import MISTAKES  # noqa: E402
+from mazerl.tracking.curves import history_from_jsonl  # noqa: E402
 
 EXPERIMENT = "recipe-search"  # one MLflow experiment: each (arm, seed) a run
 
@@ -79,7 +93,7 @@ def train(args: argparse.Namespace, arms: dict[str, dict]) -> None:
             subprocess.run([sys.executable, "-m", "mazerl.training.local_entry", "--config", str(path)], check=True)
             load.append(os.getloadavg()[0])
             (directory / "search.json").write_text(
-                json.dumps({"load": load, "wall_seconds": time.perf_counter() - started})
+                json.dumps({"load": load, "wall_seconds": time.perf_counter() - started, "cpu": this_cpu()})
             )
             MlflowClient(uri).set_terminated(config.mlflow.run_id, "FINISHED")
 
@@ -131,15 +145,33 @@ def arm_result(root: Path, arm: str, seed: int, base: list[bool]) -> dict | None
     fixed, broken, p = mcnemar(curve[last], base)
     info = json.loads((directory / "search.json").read_text()) if (directory / "search.json").is_file() else {}
     final_rows = sorted(read_result_rows(evals[-1]), key=lambda r: r["index"])
+    steps = history_from_jsonl(directory / "metrics.jsonl", ("train/step_seconds",))["train/step_seconds"]
     return {
         "curve": {step: sum(solved) / len(solved) for step, solved in curve.items()},
         "last": last,
         "fixed": fixed,
         "broken": broken,
         "p": p,
+        "step_seconds": sum(seconds for _, seconds in steps),
         "wall": info.get("wall_seconds"),
+        "cpu": info.get("cpu", ""),
         "kinds": kinds_of(final_rows),
+        "mistakes": mistakes_of(final_rows),
+        "failed_by_length": failed_by_length(final_rows),
         "complete": (directory / "train_result.json").is_file(),
+    }
+
+
+def failed_by_length(rows: list[dict]) -> dict[int, tuple[int, int]]:
+    """{shortest way in moves: (failed, mazes)}: the long ways round (12 moves and more in a
+    15-move budget) are where a wrong branch cannot be undone."""
+    lengths = sorted({row["optimal_moves"] for row in rows})
+    return {
+        length: (
+            sum(not row["solved"] for row in rows if row["optimal_moves"] == length),
+            sum(row["optimal_moves"] == length for row in rows),
+        )
+        for length in lengths
     }
 
 
@@ -151,8 +183,10 @@ def report(args: argparse.Namespace, arms: dict[str, dict]) -> str:
         f"Baseline (the starter, greedy, all 256 held-out mazes): {baseline:.1%}.",
         "",
         "| arm | overrides over the embedded recipe | seed | greedy success by step | fixed / broken | "
-        "McNemar p | wall s | wall bumps / loops |",
-        "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |",
+        "McNemar p | training min (steps; with evals) | wall bumps / loops | first mistake: "
+        + " / ".join(MISTAKES)
+        + " | failed / mazes by shortest way (moves) | CPU |",
+        "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | --- | --- | --- |",
     ]
     for arm, overrides in arms.items():
         finals = []
@@ -161,18 +195,23 @@ def report(args: argparse.Namespace, arms: dict[str, dict]) -> str:
             if result is None:
                 continue
             curve = " / ".join(f"{step}: {value:.1%}" for step, value in sorted(result["curve"].items()))
-            wall = f"{result['wall']:.0f}" if result["wall"] else ""
+            minutes = f"{result['step_seconds'] / 60:.1f}" + (f"; {result['wall'] / 60:.1f}" if result["wall"] else "")
             status = "" if result["complete"] else " (stopped)"
             kinds = result["kinds"]
+            mistakes = " / ".join(str(result["mistakes"][mistake]) for mistake in MISTAKES)
+            lengths = ", ".join(
+                f"{moves}: {failed}/{total}" for moves, (failed, total) in result["failed_by_length"].items()
+            )
             lines.append(
                 f"| {arm}{status} | `{json.dumps(overrides)}` | {seed} | {curve} | {result['fixed']} / "
-                f"{result['broken']} | {result['p']:.1g} | {wall} | {kinds['wall bumps']} / {kinds['loop']} |"
+                f"{result['broken']} | {result['p']:.1g} | {minutes} | {kinds['wall bumps']} / {kinds['loop']} | "
+                f"{mistakes} | {lengths} | {result['cpu']} |"
             )
             finals.append(result["curve"][result["last"]])
         if len(finals) > 1:
             lines.append(
                 f"| {arm}: mean | | | {statistics.mean(finals):.1%} (range {min(finals):.1%}-{max(finals):.1%}) "
-                f"| | | | |"
+                "| | | | | | | |"
             )
     body = "\n".join(lines)
     print(body)

@@ -20,18 +20,32 @@ from mazerl.atomic import write_text
 PERFORMANCE_MD = Path(__file__).parents[1] / "docs" / "performance.md"
 
 
+def cpu_kind(cpuinfo: str) -> str:
+    """The CPU as a kind whose runs replay each other: the model name, family and model, and whether
+    it has AVX-512. Two 2-core "AMD EPYC" hosts, one with AVX-512 and one without, round the same
+    seed's kernels differently and take different times, so a number names all three."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" not in fields:
+        return name
+    avx512 = "AVX-512" if "avx512f" in fields.get("flags", "").split() else "no AVX-512"
+    return f"{name}, family {fields['cpu family']} model {fields.get('model', '?')}, {avx512}"
+
+
+def this_cpu() -> str:
+    """:func:`cpu_kind` of this machine (the platform's name where there is no /proc/cpuinfo)."""
+    try:
+        return cpu_kind(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
 def machine_line() -> str:
     """The machine and interpreter a number was measured on."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        model = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-        cpu = model
-    except (OSError, StopIteration):
-        pass
+    cpu = this_cpu()
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
