@@ -190,7 +190,9 @@ def test_no_secret_reaches_any_output_of_a_pipeline_run_and_every_server_listens
     client = JobSubmissionClient(secret_head.address, headers=secret_head.auth_headers())
     jobs = [job for job in client.list_jobs() if (job.metadata or {}).get("mazerl_pipeline_run") == str(flow_run_id)]
     assert {job.metadata["mazerl_stage"] for job in jobs} >= {"baseline", "train", "final"}
-    records = "\n".join(json.dumps(job.model_dump(), default=str) + client.get_job_logs(job.submission_id) for job in jobs)
+    records = "\n".join(
+        json.dumps(job.model_dump(), default=str) + client.get_job_logs(job.submission_id) for job in jobs
+    )
     assert [name for name, value in wanted.items() if value in records] == [], "no secret in Ray's job records"
     # and every socket the run's processes listened on (Prefect's server, Ray, its jobs) was on loopback.
     names = {name for name, _, _ in sockets.seen}
