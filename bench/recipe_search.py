@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -137,14 +138,14 @@ def arm_result(root: Path, arm: str, seed: int, base: list[bool]) -> dict | None
     evals = sorted((directory / "evals").glob("step_*.jsonl"))
     if not evals:
         return None
-    curve = {}
-    for path in evals:
-        rows = sorted(read_result_rows(path), key=lambda r: r["index"])
-        curve[int(path.stem.split("_")[1])] = [bool(r["solved"]) for r in rows]
+    rows_by_step = {
+        int(path.stem.split("_")[1]): sorted(read_result_rows(path), key=lambda r: r["index"]) for path in evals
+    }
+    curve = {step: [bool(r["solved"]) for r in rows] for step, rows in rows_by_step.items()}
     last = max(curve)
     fixed, broken, p = mcnemar(curve[last], base)
     info = json.loads((directory / "search.json").read_text()) if (directory / "search.json").is_file() else {}
-    final_rows = sorted(read_result_rows(evals[-1]), key=lambda r: r["index"])
+    final_rows = rows_by_step[last]
     steps = history_from_jsonl(directory / "metrics.jsonl", ("train/step_seconds",))["train/step_seconds"]
     return {
         "curve": {step: sum(solved) / len(solved) for step, solved in curve.items()},
@@ -165,14 +166,9 @@ def arm_result(root: Path, arm: str, seed: int, base: list[bool]) -> dict | None
 def failed_by_length(rows: list[dict]) -> dict[int, tuple[int, int]]:
     """{shortest way in moves: (failed, mazes)}: the long ways round (12 moves and more in a
     15-move budget) are where a wrong branch cannot be undone."""
-    lengths = sorted({row["optimal_moves"] for row in rows})
-    return {
-        length: (
-            sum(not row["solved"] for row in rows if row["optimal_moves"] == length),
-            sum(row["optimal_moves"] == length for row in rows),
-        )
-        for length in lengths
-    }
+    mazes = Counter(row["optimal_moves"] for row in rows)
+    failed = Counter(row["optimal_moves"] for row in rows if not row["solved"])
+    return {length: (failed[length], mazes[length]) for length in sorted(mazes)}
 
 
 def report(args: argparse.Namespace, arms: dict[str, dict]) -> str:

@@ -38,9 +38,10 @@ def cpu_kind(cpuinfo: str) -> str:
 def this_cpu() -> str:
     """:func:`cpu_kind` of this machine (the platform's name where there is no /proc/cpuinfo)."""
     try:
-        return cpu_kind(Path("/proc/cpuinfo").read_text())
+        cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return platform.processor() or platform.machine()
+        cpuinfo = ""
+    return cpu_kind(cpuinfo)
 
 
 def machine_line() -> str:
